@@ -1,0 +1,501 @@
+"""GRPO loss family as pure JAX functions.
+
+One per-token objective covers the variants used by the trainer:
+
+* PPO clip with separate lower / upper epsilons (DAPO "clip-higher").
+* Optional dual clip for negative advantages.
+* Token-level or sequence-level (GSPO) importance ratios.
+* KL to a reference policy with a named estimator (k1 / k2 / k3).
+* Truncated importance sampling (TIS) against the sampler's log-probs, which
+  corrects for the mismatch between the inference engine and the trainer and
+  for the staleness of delayed designer samples.
+* An entropy bonus estimated from the sampled tokens.
+
+For every valid (unmasked) token the loss is::
+
+  r      = exp(logp - old_logp)                     # token ratio, or
+  r      = exp(mean_t(logp - old_logp))             # sequence ratio (GSPO)
+  surr   = min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A)
+  surr   = max(surr, c * A)         if dual_clip c is set and A < 0
+  w      = min(exp(old_logp - sampler_logp), tis_cap)   (stop-gradient)
+  loss_t = -surr * w + kl_coef * KL(logp, ref_logp) - entropy_coef * (-logp)
+
+The dual clip follows Ye et al. (2020), "Mastering Complex Control in MOBA
+Games with Deep Reinforcement Learning": for negative advantages the clipped
+surrogate is bounded below by ``c * A`` (``c > 1``), so a token whose ratio has
+grown beyond ``c`` cannot produce an unbounded loss and receives no gradient.
+
+Per-token losses are aggregated into a ``(loss_sum, denom)`` pair in which both
+entries are sums over rows of the batch. Summing the pairs of any split of the
+batch into micro-batches and dividing once gives exactly the full-batch loss,
+which is what gradient accumulation needs. Metrics are carried the same way, as
+sums, counts, maxima and minima (see ``combine_metric_sums`` and
+``finalize_metrics``).
+
+``old_logps``, ``ref_logps``, ``sampler_logps`` and ``advantages`` are treated
+as constants (gradients are stopped). Masked tokens are replaced by zeros
+before any arithmetic, so they receive exactly zero gradient and may hold any
+value, including ``nan`` and ``inf``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+Metrics = dict[str, Array]
+
+# ---------------------------------------------------------------------------
+# KL estimators. Each maps (logps, ref_logps), both [B, T], to a per-token
+# estimate of KL(pi || pi_ref) for tokens sampled from pi.
+# ---------------------------------------------------------------------------
+
+
+def _kl_k1(logps: Array, ref_logps: Array) -> Array:
+  """k1 = log pi - log pi_ref (unbiased, high variance, can be negative)."""
+  return logps - ref_logps
+
+
+def _kl_k2(logps: Array, ref_logps: Array) -> Array:
+  """k2 = 0.5 * (log pi - log pi_ref)^2 (biased, low variance, >= 0)."""
+  return 0.5 * jnp.square(logps - ref_logps)
+
+
+def _kl_k3(logps: Array, ref_logps: Array) -> Array:
+  """k3 = exp(ref - logp) - (ref - logp) - 1 (unbiased, >= 0)."""
+  d = ref_logps - logps
+  return jnp.exp(d) - d - 1.0
+
+
+KL_ESTIMATORS: Mapping[str, Callable[[Array, Array], Array]] = {
+    "k1": _kl_k1,
+    "k2": _kl_k2,
+    "k3": _kl_k3,
+}
+
+
+def get_kl_estimator(name: str) -> Callable[[Array, Array], Array]:
+  """Returns the KL estimator registered under `name`.
+
+  Args:
+    name: one of `KL_ESTIMATORS` ("k1", "k2", "k3").
+
+  Returns:
+    A function `(logps [B, T], ref_logps [B, T]) -> kl [B, T]`.
+
+  Raises:
+    ValueError: if `name` is not registered.
+  """
+  if name not in KL_ESTIMATORS:
+    raise ValueError(
+        f"Unknown KL estimator {name!r}; expected one of "
+        f"{sorted(KL_ESTIMATORS)}. Set LossConfig.kl_estimator to a valid name."
+    )
+  return KL_ESTIMATORS[name]
+
+
+# ---------------------------------------------------------------------------
+# Aggregation modes. Each maps masked per-token losses to (loss_sum, denom),
+# both sums over rows, so that micro-batch accumulation is exact.
+# ---------------------------------------------------------------------------
+
+
+def _agg_token_mean(
+    per_token: Array, mask: Array, config: "LossConfig"
+) -> tuple[Array, Array]:
+  """Mean over all valid tokens of the batch (DAPO token-level loss)."""
+  del config
+  return jnp.sum(per_token * mask), jnp.sum(mask)
+
+
+def _agg_seq_mean_token_mean(
+    per_token: Array, mask: Array, config: "LossConfig"
+) -> tuple[Array, Array]:
+  """Mean over non-empty sequences of each sequence's token mean."""
+  del config
+  n = jnp.sum(mask, axis=-1)
+  row_mean = jnp.sum(per_token * mask, axis=-1) / jnp.maximum(n, 1.0)
+  return jnp.sum(row_mean), jnp.sum((n > 0).astype(per_token.dtype))
+
+
+def _agg_dr_grpo(
+    per_token: Array, mask: Array, config: "LossConfig"
+) -> tuple[Array, Array]:
+  """Token sum divided by a constant B * dr_grpo_norm (Dr. GRPO)."""
+  batch, length = per_token.shape
+  norm = length if config.dr_grpo_norm is None else config.dr_grpo_norm
+  denom = jnp.asarray(float(batch * norm), dtype=per_token.dtype)
+  return jnp.sum(per_token * mask), denom
+
+
+AGGREGATIONS: Mapping[
+    str, Callable[[Array, Array, "LossConfig"], tuple[Array, Array]]
+] = {
+    "token_mean": _agg_token_mean,
+    "seq_mean_token_mean": _agg_seq_mean_token_mean,
+    "dr_grpo": _agg_dr_grpo,
+}
+
+
+def get_aggregation(
+    name: str,
+) -> Callable[[Array, Array, "LossConfig"], tuple[Array, Array]]:
+  """Returns the aggregation mode registered under `name`.
+
+  Args:
+    name: one of `AGGREGATIONS` ("token_mean", "seq_mean_token_mean",
+      "dr_grpo").
+
+  Returns:
+    A function `(per_token [B, T], mask [B, T] float, config) ->
+    (loss_sum [], denom [])`.
+
+  Raises:
+    ValueError: if `name` is not registered.
+  """
+  if name not in AGGREGATIONS:
+    raise ValueError(
+        f"Unknown aggregation mode {name!r}; expected one of "
+        f"{sorted(AGGREGATIONS)}. Set LossConfig.aggregation to a valid name."
+    )
+  return AGGREGATIONS[name]
+
+
+RATIO_LEVELS = ("token", "sequence")
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """Static hyperparameters of the GRPO loss (hashable; a valid jit static arg).
+
+  Attributes:
+    eps_low: lower clip range, the ratio is clipped at `1 - eps_low`.
+    eps_high: upper clip range, the ratio is clipped at `1 + eps_high`.
+    dual_clip: dual-clip constant `c > 1` for negative advantages, or None.
+    ratio_level: "token" (PPO) or "sequence" (GSPO: one ratio per sequence,
+      `exp` of the mean masked log-ratio).
+    kl_coef: weight of the KL penalty; 0 disables it (ref_logps not needed).
+    kl_estimator: name in `KL_ESTIMATORS`.
+    aggregation: name in `AGGREGATIONS`.
+    dr_grpo_norm: tokens per sequence used as the constant normaliser of the
+      "dr_grpo" aggregation (e.g. the maximum generation length); None uses
+      the padded length T of the batch.
+    tis_cap: truncated importance sampling cap on
+      `exp(old_logps - sampler_logps)`; None disables the weight (drift
+      metrics are still reported when sampler_logps is given).
+    entropy_coef: weight of the entropy bonus (estimate: -logps).
+  """
+
+  eps_low: float = 0.2
+  eps_high: float = 0.28
+  dual_clip: float | None = None
+  ratio_level: str = "token"
+  kl_coef: float = 0.0
+  kl_estimator: str = "k3"
+  aggregation: str = "token_mean"
+  dr_grpo_norm: int | None = None
+  tis_cap: float | None = 2.0
+  entropy_coef: float = 0.0
+
+  def __post_init__(self):
+    get_kl_estimator(self.kl_estimator)
+    get_aggregation(self.aggregation)
+    if self.ratio_level not in RATIO_LEVELS:
+      raise ValueError(
+          f"Unknown ratio_level {self.ratio_level!r}; expected one of "
+          f"{list(RATIO_LEVELS)}."
+      )
+    if not (self.eps_low >= 0 and self.eps_high >= 0):
+      raise ValueError(
+          f"Clip ranges must be non-negative; got eps_low={self.eps_low}, "
+          f"eps_high={self.eps_high}."
+      )
+    if self.dual_clip is not None and not self.dual_clip > 1.0:
+      raise ValueError(
+          f"dual_clip must be > 1 (typically 3.0) or None; got "
+          f"{self.dual_clip}."
+      )
+    if self.tis_cap is not None and not self.tis_cap > 0.0:
+      raise ValueError(
+          f"tis_cap must be > 0 (typically 2.0) or None; got {self.tis_cap}."
+      )
+    if self.dr_grpo_norm is not None and not (
+        isinstance(self.dr_grpo_norm, int) and self.dr_grpo_norm > 0
+    ):
+      raise ValueError(
+          "dr_grpo_norm must be a positive int (tokens per sequence, e.g. the "
+          f"maximum generation length) or None; got {self.dr_grpo_norm!r}."
+      )
+
+
+def _check_shapes(
+    logps: Array,
+    old_logps: Array,
+    advantages: Array,
+    mask: Array,
+    ref_logps: Array | None,
+    sampler_logps: Array | None,
+) -> None:
+  if logps.ndim != 2:
+    raise ValueError(
+        f"logps must have shape [B, T]; got shape {tuple(logps.shape)}."
+    )
+  named = {"old_logps": old_logps, "mask": mask}
+  if ref_logps is not None:
+    named["ref_logps"] = ref_logps
+  if sampler_logps is not None:
+    named["sampler_logps"] = sampler_logps
+  for name, x in named.items():
+    if tuple(x.shape) != tuple(logps.shape):
+      raise ValueError(
+          f"{name} must have the shape of logps {tuple(logps.shape)}; got "
+          f"{tuple(x.shape)}."
+      )
+  if tuple(advantages.shape) != (logps.shape[0],):
+    raise ValueError(
+        f"advantages must have shape [B] = ({logps.shape[0]},); got "
+        f"{tuple(advantages.shape)}. Pass one advantage per sequence."
+    )
+
+
+def grpo_loss_terms(
+    logps: Array,
+    old_logps: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    ref_logps: Array | None = None,
+    sampler_logps: Array | None = None,
+    config: LossConfig = LossConfig(),
+) -> tuple[Array, Array, Metrics]:
+  """GRPO loss as an exactly accumulable (sum, denominator) pair.
+
+  Args:
+    logps: [B, T] log-probs of the sampled tokens under the current policy.
+    old_logps: [B, T] log-probs under the policy that the advantages refer to
+      (the trainer's weights at sampling time).
+    advantages: [B] one advantage per sequence.
+    mask: [B, T] bool (or 0/1); True for tokens that are trained on.
+    ref_logps: [B, T] log-probs under the reference policy; required only when
+      `config.kl_coef != 0`. When given, the KL metric is reported.
+    sampler_logps: [B, T] log-probs reported by the sampler (inference
+      engine); enables the TIS weight and the drift metrics.
+    config: static loss hyperparameters.
+
+  Returns:
+    `(loss_sum, denom, metrics_sums)`: scalars with `loss = loss_sum / denom`;
+    both are sums over rows, so summing them over micro-batches and dividing
+    once equals the full-batch loss. `metrics_sums` holds sums and counts
+    (combine by addition), `*_max` / `*_min` entries (combine by max / min);
+    use `combine_metric_sums` and `finalize_metrics`.
+
+  Raises:
+    ValueError: on mismatched shapes, or when `config.kl_coef != 0` and
+      `ref_logps` is None.
+  """
+  _check_shapes(logps, old_logps, advantages, mask, ref_logps, sampler_logps)
+  if config.kl_coef != 0 and ref_logps is None:
+    raise ValueError(
+        f"LossConfig.kl_coef={config.kl_coef} needs ref_logps [B, T]; got "
+        "None. Pass reference-policy log-probs or set kl_coef=0."
+    )
+  sg = jax.lax.stop_gradient
+  valid = mask.astype(bool)
+  m = valid.astype(jnp.float32)
+
+  def clean(x: Array) -> Array:
+    # The `where` sends exactly zero cotangent to masked entries, even when
+    # they hold nan/inf.
+    return jnp.where(valid, x.astype(jnp.float32), 0.0)
+
+  logps = clean(logps)
+  old = sg(clean(old_logps))
+  adv = sg(advantages.astype(jnp.float32))[:, None]
+
+  log_ratio = logps - old
+  if config.ratio_level == "sequence":
+    n = jnp.sum(m, axis=-1, keepdims=True)
+    seq_log_ratio = jnp.sum(log_ratio * m, axis=-1, keepdims=True) / (
+        jnp.maximum(n, 1.0)
+    )
+    log_ratio = jnp.broadcast_to(seq_log_ratio, logps.shape)
+  ratio = jnp.exp(log_ratio)
+
+  lo, hi = 1.0 - config.eps_low, 1.0 + config.eps_high
+  surr = jnp.minimum(ratio * adv, jnp.clip(ratio, lo, hi) * adv)
+  if config.dual_clip is not None:
+    surr = jnp.where(adv < 0, jnp.maximum(surr, config.dual_clip * adv), surr)
+  per_token = -surr
+
+  metrics: Metrics = {}
+  if sampler_logps is not None:
+    drift = old - sg(clean(sampler_logps))
+    if config.tis_cap is not None:
+      is_weight = jnp.exp(drift)
+      per_token = per_token * sg(jnp.minimum(is_weight, config.tis_cap))
+      capped = valid & (is_weight > config.tis_cap)
+    else:
+      capped = jnp.zeros_like(valid)
+    x, y = old, old - drift  # old_logps and sampler_logps, zero where masked
+    metrics.update({
+        "tis_abs_diff_sum": jnp.sum(jnp.abs(drift) * m),
+        "tis_abs_diff_max": jnp.max(jnp.abs(drift) * m),
+        "tis_capped_count": jnp.sum(capped.astype(jnp.float32)),
+        "tis_old_sum": jnp.sum(x),
+        "tis_sampler_sum": jnp.sum(y),
+        "tis_old_sq_sum": jnp.sum(x * x),
+        "tis_sampler_sq_sum": jnp.sum(y * y),
+        "tis_cross_sum": jnp.sum(x * y),
+    })
+
+  if ref_logps is not None:
+    kl = get_kl_estimator(config.kl_estimator)(logps, sg(clean(ref_logps)))
+    metrics["kl_sum"] = jnp.sum(kl * m)
+    if config.kl_coef != 0:
+      per_token = per_token + config.kl_coef * kl
+  if config.entropy_coef != 0:
+    per_token = per_token + config.entropy_coef * logps
+
+  per_token = jnp.where(valid, per_token, 0.0)
+  loss_sum, denom = get_aggregation(config.aggregation)(per_token, m, config)
+
+  neg, pos = adv < 0, adv > 0
+  metrics.update({
+      "token_count": jnp.sum(m),
+      "clip_low_count": jnp.sum(m * (neg & (ratio < lo))),
+      "clip_high_count": jnp.sum(m * (pos & (ratio > hi))),
+      "ratio_sum": jnp.sum(ratio * m),
+      "ratio_max": jnp.max(jnp.where(valid, ratio, -jnp.inf)),
+      "ratio_min": jnp.min(jnp.where(valid, ratio, jnp.inf)),
+      "entropy_sum": jnp.sum(-logps * m),
+  })
+  if config.dual_clip is not None:
+    metrics["dual_clip_count"] = jnp.sum(m * (neg & (ratio > config.dual_clip)))
+  return loss_sum, denom, jax.tree.map(sg, metrics)
+
+
+def combine_metric_sums(a: Metrics, b: Metrics) -> Metrics:
+  """Combines the metric sums of two micro-batches.
+
+  Entries ending in `_max` combine by maximum, `_min` by minimum, all others
+  (sums and counts) by addition.
+
+  Args:
+    a: metric sums from `grpo_loss_terms`.
+    b: metric sums with the same keys.
+
+  Returns:
+    The metric sums of the union of both micro-batches.
+
+  Raises:
+    ValueError: if the key sets differ.
+  """
+  if set(a) != set(b):
+    raise ValueError(
+        f"Cannot combine metric sums with different keys: {sorted(a)} vs "
+        f"{sorted(b)}. Use the same LossConfig and optional inputs for every "
+        "micro-batch."
+    )
+  out = {}
+  for k in a:
+    if k.endswith("_max"):
+      out[k] = jnp.maximum(a[k], b[k])
+    elif k.endswith("_min"):
+      out[k] = jnp.minimum(a[k], b[k])
+    else:
+      out[k] = a[k] + b[k]
+  return out
+
+
+def finalize_loss(loss_sum: Array, denom: Array) -> Array:
+  """Returns `loss_sum / denom`, or 0 when the denominator is 0 (no tokens)."""
+  return jnp.where(denom > 0, loss_sum / jnp.where(denom > 0, denom, 1.0), 0.0)
+
+
+def finalize_metrics(sums: Metrics) -> Metrics:
+  """Turns (possibly accumulated) metric sums into means.
+
+  Args:
+    sums: output of `grpo_loss_terms` or of `combine_metric_sums`.
+
+  Returns:
+    Scalars: `clip_frac_low`, `clip_frac_high`, `ratio_mean`, `ratio_max`,
+    `ratio_min`, `entropy`, `token_count`; `dual_clip_frac` with dual clip;
+    `kl` with ref_logps; `tis_abs_diff_mean`, `tis_abs_diff_max`, `tis_corr`
+    (Pearson correlation of old and sampler log-probs over valid tokens) and
+    `tis_capped_frac` with sampler_logps. Every entry is 0 when there are no
+    valid tokens.
+  """
+  n = sums["token_count"]
+  has = n > 0
+  safe_n = jnp.where(has, n, 1.0)
+
+  def mean(k):
+    return sums[k] / safe_n
+
+  def extreme(k):
+    return jnp.where(has, sums[k], 0.0)
+
+  out = {
+      "token_count": n,
+      "clip_frac_low": mean("clip_low_count"),
+      "clip_frac_high": mean("clip_high_count"),
+      "ratio_mean": mean("ratio_sum"),
+      "ratio_max": extreme("ratio_max"),
+      "ratio_min": extreme("ratio_min"),
+      "entropy": mean("entropy_sum"),
+  }
+  if "dual_clip_count" in sums:
+    out["dual_clip_frac"] = mean("dual_clip_count")
+  if "kl_sum" in sums:
+    out["kl"] = mean("kl_sum")
+  if "tis_abs_diff_sum" in sums:
+    out["tis_abs_diff_mean"] = mean("tis_abs_diff_sum")
+    out["tis_abs_diff_max"] = extreme("tis_abs_diff_max")
+    out["tis_capped_frac"] = mean("tis_capped_count")
+    mx, my = mean("tis_old_sum"), mean("tis_sampler_sum")
+    cov = mean("tis_cross_sum") - mx * my
+    vx = jnp.maximum(mean("tis_old_sq_sum") - mx * mx, 0.0)
+    vy = jnp.maximum(mean("tis_sampler_sq_sum") - my * my, 0.0)
+    denom = jnp.sqrt(vx * vy)
+    out["tis_corr"] = jnp.where(
+        denom > 0, cov / jnp.where(denom > 0, denom, 1.0), 0.0
+    )
+  return out
+
+
+def grpo_loss(
+    logps: Array,
+    old_logps: Array,
+    advantages: Array,
+    mask: Array,
+    *,
+    ref_logps: Array | None = None,
+    sampler_logps: Array | None = None,
+    config: LossConfig = LossConfig(),
+) -> tuple[Array, Metrics]:
+  """GRPO loss and finalised metrics for one (full) batch.
+
+  Args: as `grpo_loss_terms`.
+
+  Returns:
+    `(loss, metrics)`: scalar loss and the means of `finalize_metrics`, plus
+    `metrics["loss"]`.
+  """
+  loss_sum, denom, sums = grpo_loss_terms(
+      logps,
+      old_logps,
+      advantages,
+      mask,
+      ref_logps=ref_logps,
+      sampler_logps=sampler_logps,
+      config=config,
+  )
+  loss = finalize_loss(loss_sum, denom)
+  metrics = finalize_metrics(sums)
+  metrics["loss"] = jax.lax.stop_gradient(loss)
+  return loss, metrics

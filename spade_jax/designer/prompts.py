@@ -1,0 +1,394 @@
+"""Prompts for the two roles: the environment designer and the reasoning agent.
+
+Run ``python -m spade_jax.designer.prompts`` to print a rendered designer prompt for every
+skill of every setting (with a sample document, exemplar and negative example).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import textwrap
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+  from spade_jax.designer.corpus import Document
+  from spade_jax.designer.memory import MemoryRecord
+
+# Modules an environment program may import; everything else is rejected by validation.
+ALLOWED_IMPORTS = ("random", "math", "re", "json", "itertools", "collections", "string",
+                   "functools", "heapq", "bisect", "dataclasses", "typing", "fractions",
+                   "statistics", "copy", "enum", "operator")
+FINAL_ANSWER_TOOL = "final_answer"
+MAX_PROGRAM_BYTES = 64 * 1024
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  """A family of environments: its skills and how the agent's actions reach ``step``."""
+  name: str
+  skills: dict[str, str]
+  interaction: str
+  agent_rules: str
+
+
+_GAMES = Setting(
+    name="games",
+    skills={
+        "mathematical reasoning":
+            "the player must compute, estimate or prove a quantity: arithmetic with "
+            "constraints, number theory, combinatorics, algebraic manipulation.",
+        "logical deduction":
+            "the player must infer hidden facts from clues or feedback: constraint "
+            "puzzles, truth-teller/liar setups, elimination grids, code-breaking.",
+        "spatial reasoning":
+            "the player must track positions, shapes or movement on a grid or graph: "
+            "navigation, tiling, rotations, line-of-sight.",
+        "pattern recognition":
+            "the player must discover a rule behind sequences, strings or tables and "
+            "apply it: next-term prediction, transformation rules, hidden mappings.",
+        "optimization":
+            "the player must find a best (or good enough) choice under constraints: "
+            "scheduling, packing, shortest paths, resource allocation with a scored result.",
+        "causal inference":
+            "the player must discover which hidden mechanism produces the observations, "
+            "by intervening and observing: switches and lights, hidden rules, experiments.",
+    },
+    interaction=(
+        "The agent answers each turn in free text. Only the content of the LAST "
+        "\\boxed{...} in its message reaches your environment: `step(action)` receives "
+        "that content as a plain string (for example `step(\"17\")` or "
+        "`step(\"move left\")`). If the message has no \\boxed{...}, `step` receives the "
+        "empty string; treat malformed actions as a wasted turn (reward 0.0, explain the "
+        "expected format in the observation) rather than raising."),
+    agent_rules=(
+        "Each turn, reason briefly, then give exactly one action as \\boxed{ACTION}. Only "
+        "the last \\boxed{...} in your message is sent to the environment, verbatim."),
+)
+
+_TOOL_USE = Setting(
+    name="tool_use",
+    skills={
+        "API orchestration":
+            "the agent must combine several APIs whose outputs feed each other's "
+            "inputs, in the right order, to complete a request.",
+        "data retrieval":
+            "the agent must search, filter and look up records through tools to find "
+            "facts that are not given directly.",
+        "state modification":
+            "the agent must change a stateful system (accounts, files, bookings, "
+            "inventories) through tools so that it ends in a requested state.",
+        "error recovery":
+            "tools fail in realistic, deterministic ways (bad arguments, missing records, "
+            "rate limits, stale data); the agent must notice and recover.",
+        "tool selection":
+            "many similar tools are available and only some fit the request; the agent "
+            "must pick the right ones with correct arguments.",
+        "multi-step workflows":
+            "the request needs a long chain of dependent tool calls with intermediate "
+            "checks before the final answer.",
+    },
+    interaction=(
+        "The agent calls tools by writing "
+        "<tool_call>{\"name\": \"TOOL\", \"arguments\": {...}}</tool_call>. `step(action)` "
+        "receives the JSON text inside the LAST <tool_call>...</tool_call> of the "
+        "agent's message (or the empty string if there is none). Your environment parses "
+        "it with `json.loads`, runs the named tool against its hidden state and returns "
+        "the tool's result (JSON text or an error message) as the next observation. The "
+        "observation from `reset` must describe the task and list every tool with its "
+        "name, purpose and argument schema, including the tool "
+        f"`{FINAL_ANSWER_TOOL}` with arguments {{\"answer\": string}}: calling it ends "
+        "the episode (terminated=True) with reward 1.0 if the task is accomplished and "
+        "0.0 otherwise. Malformed JSON, unknown tools and bad arguments produce an error "
+        "observation with reward 0.0, never an exception."),
+    agent_rules=(
+        "Each turn, make exactly one tool call as "
+        "<tool_call>{\"name\": \"TOOL\", \"arguments\": {...}}</tool_call> with valid "
+        "JSON. Read the tool results carefully. When the task is done, call "
+        f"`{FINAL_ANSWER_TOOL}` with your answer; that ends the episode."),
+)
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in (_GAMES, _TOOL_USE)}
+SKILLS: dict[str, tuple[str, ...]] = {s.name: tuple(s.skills) for s in SETTINGS.values()}
+
+
+def skill_index(setting: str, skill: str) -> int:
+  """Integer id of ``skill`` within its setting (the ``skill`` array of the regret buffer)."""
+  s = get_setting(setting)
+  _check_skill(s, skill)
+  return list(s.skills).index(skill)
+
+
+def get_setting(setting: str) -> Setting:
+  """The registered setting named ``setting``; raises listing the valid names."""
+  if setting not in SETTINGS:
+    raise ValueError(f"Unknown setting {setting!r}; expected one of {sorted(SETTINGS)}.")
+  return SETTINGS[setting]
+
+
+def _check_skill(setting: Setting, skill: str) -> None:
+  if skill not in setting.skills:
+    raise ValueError(f"Unknown skill {skill!r} for setting {setting.name!r}; expected one "
+                     f"of {list(setting.skills)}.")
+
+
+CONTRACT = textwrap.dedent(f"""\
+    Program contract (programs that break it are rejected):
+    - Define exactly one class whose name ends in `Env`. Helper functions and constants at
+      module level are allowed.
+    - `__init__(self, max_turns: int = 25, **kwargs)`; store `max_turns` and end the
+      episode with truncated=True once that many steps have been taken.
+    - `reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]`
+      returns (first observation, info dict). It starts a new episode and fully resets the
+      hidden state.
+    - `step(self, action: str) -> tuple[str, float, bool, bool, dict]` returns
+      (observation, reward, terminated, truncated, info).
+    - Rewards are finite floats in [-1, 1]. The terminal reward 1.0 means the episode was
+      solved; a failed or unfinished episode never earns 1.0.
+    - Optional `solution(self) -> list[str]`: a list of actions that solves the episode
+      started by the last `reset` when replayed from there. Provide it whenever you can:
+      it proves the task is feasible.
+    - Optional `hint(self) -> str`: privileged guidance for the current episode that
+      makes it easier without listing the solution's actions.
+    - All randomness comes from `random.Random(seed)` created in `reset`; the same seed and
+      the same actions must give the same observations and rewards. Never use time,
+      global random state, files, network or environment variables.
+    - Imports are limited to these pure standard-library modules: {", ".join(ALLOWED_IMPORTS)}.
+    - Observations are plain text, at most a few thousand characters. The source stays
+      under {MAX_PROGRAM_BYTES // 1024} KiB.
+    - Random or do-nothing play must not solve the task; a careful player must be able to.
+    """).rstrip()
+
+OUTPUT_FORMAT = ("Reply with the complete program in one ```python fenced code block. "
+                 "Do not write anything after the closing fence.")
+
+
+def _doc_section(document: Document, budget: int) -> str:
+  text = document.text
+  if len(text) > budget:
+    cut = text[:max(0, budget)].rsplit(None, 1)[0] if budget > 0 else ""
+    text = cut + " [...]"
+  return (f"Source document (id: {document.id}). Draw the theme, entities, rules or "
+          "numbers of your environment from it; the environment must be playable without "
+          f"reading the document.\n<document>\n{text}\n</document>")
+
+
+def _exemplar_section(exemplars: Sequence[MemoryRecord], budget: int) -> str:
+  from spade_jax.designer.memory import render_program  # pylint: disable=g-import-not-at-top
+  blocks = []
+  for i, rec in enumerate(exemplars):
+    header = (f"Example {len(blocks) + 1} (skill: {rec.skill}; the agent solved "
+              f"{rec.win_rate_nohint:.0%} of plays without a hint and "
+              f"{rec.win_rate_hint:.0%} with one):\n")
+    overhead = len(header) + len("```python\n\n```") + 2
+    remaining = budget - sum(len(b) + 2 for b in blocks)
+    per = remaining // max(1, len(exemplars) - i)
+    code = render_program(rec.program, per - overhead)
+    if code is None:
+      continue
+    blocks.append(f"{header}```python\n{code}\n```")
+  if not blocks:
+    return ""
+  return ("Environments from earlier rounds that sat at the edge of the agent's ability "
+          "(hard without help, learnable with a hint). Use them for the level of "
+          "difficulty and for the contract, not as templates to copy:\n\n" +
+          "\n\n".join(blocks))
+
+
+def _negative_section(negative: MemoryRecord, budget: int) -> str:
+  from spade_jax.designer.memory import render_program  # pylint: disable=g-import-not-at-top
+  reason = negative.reason or "rejected"
+  header = f"An earlier environment that did NOT work. Reason: {reason}. Avoid this failure.\n"
+  code = render_program(negative.program, budget - len(header) - len("```python\n\n```"))
+  if code is None:
+    return f"An earlier environment was rejected. Reason: {reason}. Avoid this failure."
+  return f"{header}```python\n{code}\n```"
+
+
+def designer_prompt(setting: str, skill: str, document: Document | None = None,
+                    exemplars: Sequence[MemoryRecord] = (), negative: MemoryRecord | None = None,
+                    max_chars: int = 24_000, no_corpus: bool = False) -> str:
+  """The designer's instruction for one environment.
+
+  Fixed parts (task, skill, interaction rules, contract, output format) are always
+  included; the document, exemplars and negative example share what remains of
+  ``max_chars`` (document first, then exemplars, then the negative). Exemplar code is never
+  cut mid-class: longer programs have method bodies elided or are skipped.
+
+  Args:
+    setting: ``"games"`` or ``"tool_use"``.
+    skill: one of ``SKILLS[setting]``.
+    document: grounding document, or None for an ungrounded prompt.
+    exemplars: memory records shown as positive examples.
+    negative: a memory record shown as what to avoid, with its reason.
+    max_chars: character budget for the whole prompt.
+    no_corpus: ablation switch; drops the document even if one is given.
+
+  Returns:
+    The prompt text (one user message).
+  """
+  s = get_setting(setting)
+  _check_skill(s, skill)
+  kind = "game or puzzle" if s.name == "games" else "tool-use task"
+  head = (f"You design training environments for a reasoning agent. Write one interactive "
+          f"{kind} as a Python program. The agent plays it over several turns: it reads "
+          "each observation and replies with an action.\n\n"
+          f"Target skill: {skill}: {s.skills[skill]}\n\n"
+          "Aim for a task the agent solves only sometimes: hard enough that it fails "
+          "without help, but learnable, so that a good hint clearly raises its success "
+          "rate. Vary structure and difficulty through `reset(seed)`.")
+  fixed = [head, f"How the agent interacts: {s.interaction}", CONTRACT, OUTPUT_FORMAT]
+  budget = max_chars - sum(len(p) + 2 for p in fixed)
+  middle = []
+  if document is not None and not no_corpus:
+    doc_budget = budget // 2 if (exemplars or negative) else budget
+    section = _doc_section(document, doc_budget - 200)
+    middle.append(section)
+    budget -= len(section) + 2
+  if exemplars and budget > 400:
+    ex_budget = budget * 3 // 4 if negative is not None else budget
+    section = _exemplar_section(exemplars, ex_budget)
+    if section:
+      middle.append(section)
+      budget -= len(section) + 2
+  if negative is not None and budget > 200:
+    middle.append(_negative_section(negative, budget))
+  parts = [head, *middle, f"How the agent interacts: {s.interaction}", CONTRACT,
+           OUTPUT_FORMAT]
+  return "\n\n".join(parts)
+
+
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
+
+
+def extract_program(text: str) -> str | None:
+  """The last fenced code block of a designer reply (thinking removed), or None."""
+  text = re.sub(r"<think>.*?</think>", "", text, flags=re.DOTALL)
+  blocks = _FENCE.findall(text)
+  return blocks[-1].strip() + "\n" if blocks else None
+
+
+def agent_system_prompt(setting: str, hint: str | None = None) -> str:
+  """System prompt for the reasoning agent.
+
+  Args:
+    setting: ``"games"`` or ``"tool_use"``.
+    hint: privileged hint for the hinted arm, or None for the unhinted arm.
+
+  Returns:
+    The system message text.
+  """
+  s = get_setting(setting)
+  what = "an interactive puzzle or game" if s.name == "games" else "a task that needs tools"
+  text = (f"You are solving {what} over several turns. The environment describes the "
+          f"task and responds to each of your actions. {s.agent_rules} Think carefully "
+          "before acting: wasted or invalid actions use up turns.")
+  if hint:
+    text += f"\n\nHint for this task:\n{hint.strip()}"
+  return text
+
+
+def hint_prompt(program: str, setting: str, max_chars: int = 24_000) -> str:
+  """Asks the policy to read an environment's source and write a hint for its player.
+
+  Args:
+    program: the environment source.
+    setting: ``"games"`` or ``"tool_use"``.
+    max_chars: budget for the whole prompt; the program has method bodies elided to fit.
+
+  Returns:
+    The prompt text; the answer is expected inside ``<hint>...</hint>``.
+  """
+  from spade_jax.designer.memory import render_program  # pylint: disable=g-import-not-at-top
+  s = get_setting(setting)
+  head = ("Below is the source code of an environment that a player will face without "
+          "seeing the code. Write a hint that would help a capable player succeed: the "
+          "winning strategy, the hidden rule, or the mistake to avoid. The hint must hold "
+          "for every seed, so describe the method, not the moves of one episode. Do not "
+          "list the solution's actions or reveal a specific answer.\n\n"
+          f"How the player interacts: {s.agent_rules}")
+  tail = ("Reply with the hint only, at most 120 words, inside <hint>...</hint>.")
+  code = render_program(program, max_chars - len(head) - len(tail) - 40) or ""
+  return f"{head}\n\n```python\n{code}\n```\n\n{tail}"
+
+
+def _demo_records():
+  from spade_jax.designer.corpus import Document  # pylint: disable=g-import-not-at-top
+  from spade_jax.designer.memory import MemoryRecord  # pylint: disable=g-import-not-at-top
+  doc = Document("pydoc_topics/augassign",
+                 "Augmented assignment statements. Augmented assignment is the combination, "
+                 "in a single statement, of a binary operation and an assignment statement: "
+                 "x += 1 evaluates the target once, applies the operation, and assigns the "
+                 "result back to the original target.")
+  good = MemoryRecord(program=_DEMO_PROGRAM, doc_id="stdlib/heapq", skill="optimization",
+                      win_rate_nohint=0.375, win_rate_hint=0.75, regret=0.375,
+                      designer_reward=0.93, iteration=12)
+  bad = MemoryRecord(program="class EchoEnv:\n  def reset(self, seed=None, options=None):\n"
+                     "    return 'say 1', {}\n  def step(self, action):\n"
+                     "    return '', 1.0, True, False, {}\n",
+                     doc_id="stdlib/string", skill="pattern recognition",
+                     reason="trivial: random play solves 100% of episodes", iteration=9)
+  return doc, [good], bad
+
+
+_DEMO_PROGRAM = '''\
+import random
+
+
+class CoinChangeEnv:
+  """Pay an amount with the fewest coins from a seeded coin system."""
+
+  def __init__(self, max_turns: int = 25, **kwargs):
+    self.max_turns = max_turns
+
+  def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+    rng = random.Random(seed)
+    self.coins = sorted(rng.sample(range(2, 30), 4) + [1])
+    self.amount = rng.randint(40, 120)
+    self.best = self._fewest()
+    self.turns = 0
+    return (f"Coins: {self.coins}. Pay exactly {self.amount} with as few coins as possible. "
+            "Answer with the coin values separated by '+'."), {}
+
+  def _fewest(self) -> list[int]:
+    best = [[]] + [None] * self.amount
+    for a in range(1, self.amount + 1):
+      options = [best[a - c] + [c] for c in self.coins if c <= a and best[a - c] is not None]
+      best[a] = min(options, key=len) if options else None
+    return best[self.amount]
+
+  def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+    self.turns += 1
+    truncated = self.turns >= self.max_turns
+    try:
+      used = [int(x) for x in action.split("+")]
+    except ValueError:
+      return "Use the form 5+5+1.", 0.0, False, truncated, {}
+    if sum(used) != self.amount or any(c not in self.coins for c in used):
+      return "That does not pay the amount with the given coins.", 0.0, False, truncated, {}
+    if len(used) == len(self.best):
+      return "Optimal.", 1.0, True, False, {}
+    return f"Valid, but {len(used)} coins is not the fewest.", 0.0, False, truncated, {}
+
+  def solution(self) -> list[str]:
+    return ["+".join(map(str, self.best))]
+
+  def hint(self) -> str:
+    return "Greedy choice can fail here; compute the fewest coins for every smaller amount first."
+'''
+
+
+def render_all(max_chars: int = 12_000) -> str:
+  """Every designer prompt (all settings and skills) with demo context, as one text."""
+  doc, exemplars, negative = _demo_records()
+  out = []
+  for setting, skills in SKILLS.items():
+    for skill in skills:
+      prompt = designer_prompt(setting, skill, doc, exemplars, negative, max_chars=max_chars)
+      out.append(f"===== setting={setting} skill={skill} ({len(prompt)} chars) =====\n{prompt}")
+  return "\n\n".join(out)
+
+
+if __name__ == "__main__":
+  print(render_all())

@@ -1,0 +1,6 @@
+"""Mesh construction, logical-axis rules and multi-host initialisation."""
+
+from spade_jax.parallel.mesh import (MESH_AXES, RULE_SETS, MeshConfig,
+                                     batch_divisor, batch_sharding,
+                                     initialize_distributed, logical_to_spec,
+                                     make_mesh, tree_shardings)

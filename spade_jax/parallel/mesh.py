@@ -1,0 +1,143 @@
+"""Device mesh construction and logical-axis sharding rules.
+
+Model code names logical axes ("batch", "embed", "heads", ...). A rule set maps
+each logical axis to a mesh axis (or a tuple of them, or None = replicated).
+Switching FSDP / tensor parallelism is a config edit: pick another rule set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Sequence
+
+from absl import logging
+import jax
+import numpy as np
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+
+Rules = tuple[tuple[str, Any], ...]
+
+RULE_SETS: dict[str, Rules] = {
+    "replicated": (("batch", ("data", "fsdp")),),
+    "fsdp": (
+        ("batch", ("data", "fsdp")),
+        ("embed", "fsdp"),
+        ("vocab", None),
+    ),
+    "fsdp_tensor": (
+        ("batch", ("data", "fsdp")),
+        ("embed", "fsdp"),
+        ("heads", "tensor"),
+        ("kv_heads", "tensor"),
+        ("mlp", "tensor"),
+        ("vocab", "tensor"),
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+  """Mesh shape and sharding rule set.
+
+  Attributes:
+    data, fsdp, tensor: mesh axis sizes; exactly one may be -1 meaning "all
+      remaining devices".
+    rules: name of a rule set in `RULE_SETS`.
+  """
+
+  data: int = -1
+  fsdp: int = 1
+  tensor: int = 1
+  rules: str = "fsdp"
+
+  def __post_init__(self):
+    if self.rules not in RULE_SETS:
+      raise ValueError(f"Unknown sharding rule set {self.rules!r}; valid: "
+                       f"{sorted(RULE_SETS)}.")
+
+
+def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
+  """Builds a mesh with axes ("data", "fsdp", "tensor") from `cfg`."""
+  devices = list(devices if devices is not None else jax.devices())
+  sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"Only one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}.")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if len(devices) % known:
+      raise ValueError(f"{len(devices)} devices cannot fill mesh "
+                       f"{dict(zip(MESH_AXES, sizes))}: the fixed axes multiply "
+                       f"to {known}, which must divide the device count.")
+    sizes[sizes.index(-1)] = len(devices) // known
+  if math.prod(sizes) != len(devices):
+    raise ValueError(f"Mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} "
+                     f"devices but {len(devices)} are available; set one axis to -1.")
+  arr = np.asarray(devices).reshape(sizes)
+  return Mesh(arr, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
+
+
+def _rule_lookup(rules: Rules) -> dict[str, Any]:
+  return dict(rules)
+
+
+def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int],
+                    mesh: Mesh, rules: Rules) -> P:
+  """PartitionSpec for one array; dims not divisible by their mesh axes stay replicated."""
+  table = _rule_lookup(rules)
+  spec = []
+  used: set[str] = set()
+  for name, dim in zip(axes, shape):
+    target = table.get(name) if name else None
+    if target is None:
+      spec.append(None)
+      continue
+    names = (target,) if isinstance(target, str) else tuple(target)
+    names = tuple(n for n in names if n not in used and mesh.shape[n] > 1)
+    size = math.prod(mesh.shape[n] for n in names) if names else 1
+    if not names or dim % size:
+      if names and dim % size:
+        logging.log_first_n(logging.INFO, "dim %s=%d not divisible by mesh axes %s"
+                            " (%d); replicating it", 8, name, dim, names, size)
+      spec.append(None)
+      continue
+    used.update(names)
+    spec.append(names[0] if len(names) == 1 else names)
+  return P(*spec)
+
+
+def tree_shardings(axes_tree: Any, shapes_tree: Any, mesh: Mesh,
+                   rules: Rules) -> Any:
+  """NamedSharding for every leaf of a tree of logical-axis tuples."""
+  is_leaf = lambda x: isinstance(x, tuple) and all(
+      isinstance(a, (str, type(None))) for a in x)
+  flat_axes, treedef = jax.tree.flatten(axes_tree, is_leaf=is_leaf)
+  flat_shapes = treedef.flatten_up_to(shapes_tree)
+  return jax.tree.unflatten(treedef, [
+      NamedSharding(mesh, logical_to_spec(a, tuple(s), mesh, rules))
+      for a, s in zip(flat_axes, flat_shapes)])
+
+
+def batch_sharding(mesh: Mesh, rules: Rules, ndim: int) -> NamedSharding:
+  """Sharding of a [B, ...] batch array: batch over its mesh axes, rest replicated."""
+  target = _rule_lookup(rules).get("batch")
+  return NamedSharding(mesh, P(target, *([None] * (ndim - 1))))
+
+
+def batch_divisor(mesh: Mesh, rules: Rules) -> int:
+  """Number of shards the batch axis is split into."""
+  target = _rule_lookup(rules).get("batch")
+  if target is None:
+    return 1
+  names = (target,) if isinstance(target, str) else target
+  return math.prod(mesh.shape[n] for n in names)
+
+
+def initialize_distributed() -> None:
+  """Initialises multi-host JAX when running on several hosts (launchers only)."""
+  try:
+    jax.distributed.initialize()
+  except (ValueError, RuntimeError) as e:  # single host: nothing to join
+    logging.info("jax.distributed.initialize skipped: %s", e)

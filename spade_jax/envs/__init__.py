@@ -1,0 +1,19 @@
+"""Env programs: the contract, extraction, validation, built-ins, gymnasium adapter.
+
+Public API::
+
+  from spade_jax.envs import (extract_program, validate_program, ValidationConfig,
+                              Verdict, REASONS, builtin_programs)
+"""
+
+from spade_jax.envs.builtin import builtin_program, builtin_programs
+from spade_jax.envs.program import (ALLOWED_IMPORTS, MAX_SOURCE_BYTES, REASONS,
+                                    check_static, extract_program)
+from spade_jax.envs.validate import (ValidationConfig, Verdict, random_actions,
+                                     validate_many, validate_program)
+
+__all__ = [
+    "ALLOWED_IMPORTS", "MAX_SOURCE_BYTES", "REASONS", "ValidationConfig", "Verdict",
+    "builtin_program", "builtin_programs", "check_static", "extract_program",
+    "random_actions", "validate_many", "validate_program",
+]

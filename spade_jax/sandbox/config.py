@@ -1,0 +1,89 @@
+"""Static configuration of the sandbox worker pool."""
+
+import dataclasses
+
+MODES = ("best_effort", "strict", "none")
+
+# Pure-stdlib modules imported by every worker before the program is loaded,
+# so that programs importing them load fast and still work after the uid drop
+# (the interpreter's prefix may be unreadable to the sandbox uid).
+DEFAULT_PREIMPORT = (
+    "random", "math", "re", "json", "itertools", "collections", "string",
+    "functools", "heapq", "bisect", "dataclasses", "typing", "fractions",
+    "decimal", "statistics", "copy", "enum", "operator", "textwrap",
+    "hashlib", "abc", "datetime", "array", "numbers", "unicodedata", "ast",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class SandboxConfig:
+  """How env programs are isolated and limited.
+
+  Attributes:
+    mode: "best_effort" (default) uses every isolation layer the host allows
+      and warns loudly about missing ones; "strict" refuses to start without a
+      network namespace (bubblewrap or unshare); "none" uses rlimits and a
+      scratch cwd only (for hosts without namespaces, e.g. macOS laptops).
+    num_workers: warm idle workers kept ready, so a fresh env costs one load
+      message instead of an interpreter start.
+    max_live_workers: cap on worker processes alive at once; starts beyond it
+      return dead handles.
+    call_timeout_s: wall-clock deadline of one reset/step/call, enforced by the
+      parent; a breach kills the worker's whole process group.
+    load_timeout_s: wall-clock deadline of starting an env (interpreter start
+      when no warm worker is ready, exec of the source, __init__).
+    memory_mb: RLIMIT_AS of each worker.
+    cpu_seconds: RLIMIT_CPU of each worker over its whole life.
+    file_size_mb: RLIMIT_FSIZE: largest file a program may write in scratch.
+    max_open_files: RLIMIT_NOFILE.
+    max_processes: RLIMIT_NPROC (threads count too); enforced per worker since
+      each worker runs under its own uid when the pool runs as root.
+    max_message_bytes: cap on one protocol frame in either direction.
+    max_observation_chars: cap on an observation, hint or solution action.
+    use_bwrap: use bubblewrap when installed (mount, pid, net, ipc, uts
+      namespaces; read-only system, no /dev accelerators).
+    use_unshare: fall back to util-linux ``unshare`` (net, pid, ipc, uts,
+      mount namespaces) when bubblewrap is missing or unusable.
+    drop_uid: when running as root, run each worker as its own unprivileged uid.
+    uid_base: first uid of the per-worker uid range.
+    uid_count: size of that range.
+    scratch_root: parent directory of worker scratch dirs (default: system tmp).
+    preimport: modules imported by a worker before loading the program.
+    self_test: run an isolation probe program when the pool starts and log the
+      layers that actually hold.
+    python: interpreter for workers (default: the running interpreter's base
+      executable).
+  """
+
+  mode: str = "best_effort"
+  num_workers: int = 4
+  max_live_workers: int = 1024
+  call_timeout_s: float = 5.0
+  load_timeout_s: float = 10.0
+  memory_mb: int = 1024
+  cpu_seconds: int = 120
+  file_size_mb: int = 16
+  max_open_files: int = 64
+  max_processes: int = 16
+  max_message_bytes: int = 4 << 20
+  max_observation_chars: int = 32768
+  use_bwrap: bool = True
+  use_unshare: bool = True
+  drop_uid: bool = True
+  uid_base: int = 400000
+  uid_count: int = 60000
+  scratch_root: str | None = None
+  preimport: tuple[str, ...] = DEFAULT_PREIMPORT
+  self_test: bool = True
+  python: str | None = None
+
+  def __post_init__(self):
+    if self.mode not in MODES:
+      raise ValueError(f"SandboxConfig.mode={self.mode!r}; expected one of {MODES}.")
+    for name in ("call_timeout_s", "load_timeout_s", "memory_mb", "cpu_seconds",
+                 "max_message_bytes", "max_observation_chars", "max_live_workers"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"SandboxConfig.{name}={getattr(self, name)!r}; expected a "
+                         "positive value.")
+    if self.num_workers < 0:
+      raise ValueError(f"SandboxConfig.num_workers={self.num_workers}; expected >= 0.")

@@ -1,0 +1,285 @@
+"""OS isolation layers: detection, the worker command line, and a live self-test.
+
+Layers, strongest first, used where the host allows them:
+
+* bubblewrap: fresh mount namespace holding only read-only system and
+  interpreter directories, the worker script and the private scratch dir; a
+  minimal /dev (no /dev/nvidia*, /dev/accel*, /dev/vfio); new pid, net, ipc,
+  uts (and cgroup when possible) namespaces; all capabilities dropped except
+  the two needed for the uid drop.
+* util-linux ``unshare`` (when bubblewrap is missing): new net, pid, ipc, uts and
+  mount namespaces; accelerator device nodes masked with /dev/null.
+* per-worker uid (when the pool runs as root): every worker runs as its own
+  unprivileged uid, which also makes RLIMIT_NPROC a per-worker limit.
+* always: rlimits, ``no_new_privs``, a scratch cwd, a scrubbed environment,
+  a new session so the parent can kill the whole process group.
+
+:func:`self_test` runs a probe program through the real worker path and
+reports which layers actually hold, instead of trusting the flags.
+"""
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import sysconfig
+
+_log = logging.getLogger(__name__)
+
+WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_ACCEL_GLOBS = ("nvidia", "accel", "vfio", "dri", "kfd")
+
+
+@dataclasses.dataclass(frozen=True)
+class IsolationPlan:
+  """Which launcher wraps workers and whether workers drop to their own uid."""
+
+  launcher: str  # "bwrap" | "unshare" | "none"
+  drop_uid: bool
+  python: str
+  notes: tuple[str, ...] = ()
+
+
+def worker_python(configured: str | None = None) -> str:
+  """The interpreter workers run: the base (non-venv) executable, resolved."""
+  if configured:
+    return configured
+  exe = getattr(sys, "_base_executable", None) or sys.executable
+  return os.path.realpath(exe)
+
+
+@functools.lru_cache(maxsize=None)
+def _probe_command(argv: tuple[str, ...]) -> bool:
+  try:
+    return subprocess.run(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, timeout=10, check=False).returncode == 0
+  except (OSError, subprocess.SubprocessError):
+    return False
+
+
+def plan_isolation(cfg) -> IsolationPlan:
+  """Chooses the strongest launcher that works on this host for ``cfg``."""
+  python = worker_python(cfg.python)
+  is_root = os.geteuid() == 0
+  notes = []
+  drop_uid = bool(cfg.drop_uid and is_root)
+  if cfg.mode != "none" and sys.platform.startswith("linux"):
+    bwrap = shutil.which("bwrap")
+    if cfg.use_bwrap and bwrap:
+      if _probe_command((bwrap, "--unshare-net", "--unshare-pid", "--die-with-parent",
+                         "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true")):
+        return IsolationPlan("bwrap", drop_uid, python, tuple(notes))
+      notes.append(f"bubblewrap at {bwrap} failed its probe (user namespaces disabled?)")
+    elif cfg.use_bwrap:
+      notes.append("bubblewrap is not installed (apt-get install bubblewrap)")
+    unshare = shutil.which("unshare")
+    if cfg.use_unshare and unshare:
+      base = [unshare] + ([] if is_root else ["--map-root-user"])
+      argv = base + ["--net", "--pid", "--fork", "--kill-child", "--mount-proc", "true"]
+      if _probe_command(tuple(argv)):
+        return IsolationPlan("unshare", drop_uid, python, tuple(notes))
+      notes.append("unshare is installed but cannot create namespaces here")
+    elif cfg.use_unshare:
+      notes.append("util-linux unshare is not installed")
+  return IsolationPlan("none", drop_uid, python, tuple(notes))
+
+
+def _python_dirs(python: str) -> list[str]:
+  dirs = {os.path.realpath(sys.base_prefix), os.path.dirname(os.path.dirname(python))}
+  libdir = sysconfig.get_config_var("LIBDIR")
+  if libdir:
+    dirs.add(os.path.realpath(libdir))
+  out = []
+  for d in sorted(dirs):
+    if not os.path.isdir(d) or any(d == s or d.startswith(s + "/") for s in _SYSTEM_DIRS):
+      continue
+    if any(d.startswith(o + "/") for o in out):
+      continue
+    out.append(d)
+  return out
+
+
+def _ancestors(path: str) -> list[str]:
+  """Proper ancestors of an absolute path, excluding "/" and system dirs."""
+  parts = path.strip("/").split("/")[:-1]
+  out = ["/" + "/".join(parts[:i + 1]) for i in range(len(parts))]
+  return [p for p in out if p not in _SYSTEM_DIRS and not p.startswith("/usr/")]
+
+
+def accelerator_nodes() -> list[str]:
+  """Accelerator device nodes on the host that workers must not see."""
+  try:
+    names = os.listdir("/dev")
+  except OSError:
+    return []
+  return sorted("/dev/" + n for n in names if n.startswith(_ACCEL_GLOBS))
+
+
+def worker_env(scratch: str) -> dict[str, str]:
+  """The whole environment of a worker: nothing inherited from the trainer."""
+  return {"HOME": scratch, "TMPDIR": scratch, "PATH": "/usr/bin:/bin",
+          "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def worker_command(plan: IsolationPlan, scratch: str, config_json: str) -> list[str]:
+  """argv that starts one worker under ``plan`` with ``scratch`` as its cwd."""
+  inner = [plan.python, "-s", "-S", "-B"]
+  if sys.version_info >= (3, 11):
+    inner.append("-P")
+  inner += [WORKER_SCRIPT, config_json]
+  if plan.launcher == "bwrap":
+    argv = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try", "--die-with-parent", "--hostname", "sandbox",
+            "--cap-drop", "ALL"]
+    if plan.drop_uid:
+      argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    for d in _SYSTEM_DIRS:
+      if os.path.islink(d):
+        argv += ["--symlink", os.readlink(d), d]
+      elif os.path.isdir(d):
+        argv += ["--ro-bind", d, d]
+    binds = [("--ro-bind", d) for d in _python_dirs(plan.python)]
+    binds += [("--ro-bind", WORKER_SCRIPT), ("--bind", scratch)]
+    # bwrap creates missing mount-point parents as 0700 root dirs, which the
+    # unprivileged worker uid could not traverse; create them as 0755 first.
+    parents = sorted({p for _, d in binds for p in _ancestors(d)})
+    for p in parents:
+      argv += ["--perms", "0755", "--dir", p]
+    for flag, d in binds:
+      argv += [flag, d, d]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--clearenv"]
+    for k, v in worker_env(scratch).items():
+      argv += ["--setenv", k, v]
+    return argv + ["--"] + inner
+  if plan.launcher == "unshare":
+    argv = ["unshare"]
+    if os.geteuid() != 0:
+      argv.append("--map-root-user")
+    argv += ["--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts",
+             "--propagation", "private", "--"]
+    return argv + inner
+  return inner
+
+
+# A program run through the normal worker path that reports what it can reach.
+PROBE_SOURCE = r'''
+import json, os
+
+class ProbeEnv:
+  def __init__(self, max_turns=25, **kwargs):
+    pass
+
+  def reset(self, seed=None, options=None):
+    o = options or {}
+    facts = {"uid": os.getuid(), "env": sorted(os.environ)}
+    try:
+      import socket
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.settimeout(1.0)
+      s.connect(("127.0.0.1", o["port"]))
+      facts["net"] = "connected"
+    except ImportError:
+      facts["net"] = "unknown"
+    except Exception as e:
+      facts["net"] = type(e).__name__
+    for key in ("secret", "trainer_proc"):
+      try:
+        with open(o[key]) as f:
+          facts[key] = f.read(100)
+      except Exception as e:
+        facts[key] = None
+    try:
+      with open(os.path.join(o["outside"], "probe"), "w") as f:
+        f.write("x")
+      facts["outside_write"] = True
+    except Exception:
+      facts["outside_write"] = False
+    facts["devices"] = []
+    for n in os.listdir("/dev"):
+      if n.startswith(("nvidia", "accel", "vfio", "dri", "kfd")):
+        try:
+          masked = os.major(os.stat("/dev/" + n).st_rdev) == 1  # bound over by /dev/null
+        except OSError:
+          masked = True
+        if not masked:
+          facts["devices"].append(n)
+    return json.dumps(facts), {}
+
+  def step(self, action):
+    return "", 0.0, True, False, {}
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class IsolationReport:
+  """Layers that held when a probe program tried to break out of a worker."""
+
+  launcher: str
+  layers: dict[str, bool]
+  notes: tuple[str, ...]
+  detail: str = ""
+
+  @property
+  def network_isolated(self) -> bool:
+    return self.layers.get("net_namespace", False)
+
+  def summary(self) -> str:
+    on = [k for k, v in self.layers.items() if v]
+    off = [k for k, v in self.layers.items() if not v]
+    return f"launcher={self.launcher}; active: {', '.join(on) or 'none'}; " \
+           f"MISSING: {', '.join(off) or 'none'}"
+
+
+def self_test(pool, base_dir: str) -> IsolationReport:
+  """Runs :data:`PROBE_SOURCE` in ``pool`` and checks every layer it reports on."""
+  plan = pool.plan
+  outside = os.path.join(base_dir, "probe_outside")
+  os.makedirs(outside, exist_ok=True)
+  os.chmod(outside, 0o777)
+  secret = os.path.join(base_dir, "probe_secret")
+  with open(secret, "w") as f:
+    f.write("probe-secret")
+  os.chmod(secret, 0o644)
+  listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  listener.bind(("127.0.0.1", 0))
+  listener.listen(4)
+  listener.setblocking(False)
+  options = {"port": listener.getsockname()[1], "secret": secret, "outside": outside,
+             "trainer_proc": f"/proc/{os.getpid()}/environ"}
+  try:
+    handle = pool.start([PROBE_SOURCE], max_turns=1,
+                        preimport=tuple(pool.config.preimport) + ("socket",))[0]
+    res = pool.reset_many([handle], seeds=[0], options=options)[0]
+    pool.release([handle])
+    try:
+      conn, _ = listener.accept()
+      conn.close()
+      accepted = True
+    except (BlockingIOError, OSError):
+      accepted = False
+  finally:
+    listener.close()
+    shutil.rmtree(outside, ignore_errors=True)
+    os.unlink(secret)
+  if not res.ok:
+    return IsolationReport(plan.launcher, {"probe_ran": False}, plan.notes,
+                           f"probe failed: {res.reason}: {res.detail}")
+  facts = json.loads(res.value[0])
+  layers = {
+      "bwrap": plan.launcher == "bwrap",
+      "net_namespace": facts["net"] not in ("connected", "unknown") and not accepted,
+      "pid_namespace": facts["trainer_proc"] is None and plan.launcher != "none",
+      "uid_drop": facts["uid"] not in (0, os.getuid()),
+      "host_files_hidden": facts["secret"] is None,
+      "writes_confined": not facts["outside_write"],
+      "accelerators_hidden": not facts["devices"],
+      "env_scrubbed": set(facts["env"]) <= set(worker_env("/")) | {"PWD"},
+      "rlimits": True,
+  }
+  return IsolationReport(plan.launcher, layers, plan.notes, json.dumps(facts))

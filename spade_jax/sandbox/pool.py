@@ -1,0 +1,455 @@
+"""EnvPool: env programs in sandboxed worker processes, driven in batches.
+
+Each env instance lives in its own worker process (see ``_worker.py`` for what
+runs inside and ``isolation.py`` for the OS layers around it). The pool keeps
+``num_workers`` warm idle workers, so a fresh env costs one load message
+instead of an interpreter start; a worker is never reused for a second
+program.
+
+Every call returns :class:`CallResult` objects. A crash, hang, limit breach,
+bad return type, NaN reward or oversized observation is an outcome with a
+reason from :data:`REASONS`, never an exception. Any failed call ends the
+instance (its worker is killed) except a call to a missing optional method
+(``hint``/``solution``), which leaves the instance usable.
+
+Thread safety: ``start``/``release``/``close`` may be called from several
+threads; one handle must not be used by two threads at once.
+"""
+
+import collections
+import dataclasses
+import json
+import logging
+import math
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from spade_jax.sandbox import isolation
+from spade_jax.sandbox.config import SandboxConfig
+from spade_jax.sandbox.process import Outcome, WorkerProcess, exchange
+
+_log = logging.getLogger(__name__)
+
+REASONS = ("no_code", "too_large", "syntax", "forbidden", "contract", "nondeterministic",
+           "infeasible", "trivial", "timeout", "memory", "crash", "output_too_large")
+OPTIONAL_METHODS = ("hint", "solution")
+
+
+@dataclasses.dataclass(frozen=True)
+class CallResult:
+  """Outcome of one sandboxed call.
+
+  Attributes:
+    ok: whether the call returned a value that passed the contract checks.
+    value: reset -> (obs, info); step -> (obs, reward, terminated, truncated,
+      info); hint -> str; solution -> list[str]. None when not ok.
+    reason: one of REASONS when not ok.
+    detail: human-readable explanation.
+    seconds: wall-clock seconds from sending the request to its reply.
+  """
+
+  ok: bool
+  value: Any = None
+  reason: str | None = None
+  detail: str = ""
+  seconds: float = 0.0
+
+
+class EnvHandle:
+  """One env instance in one worker. ``alive`` is False once any call failed."""
+
+  def __init__(self, pool: "EnvPool", worker: WorkerProcess | None, index: int):
+    self._pool = pool
+    self._worker = worker
+    self.index = index
+    self.reason: str | None = None
+    self.detail = ""
+    self.class_name: str | None = None
+    self.has_solution = False
+    self.has_hint = False
+    self.action_mode = "boxed"
+    self.load_seconds = 0.0
+
+  @property
+  def alive(self) -> bool:
+    return self._worker is not None and not self._worker.dead and self.reason is None
+
+  @property
+  def pid(self) -> int | None:
+    return self._worker.pid if self._worker is not None else None
+
+  def _fail(self, reason: str, detail: str) -> None:
+    if self.reason is None:
+      self.reason, self.detail = reason, detail
+    if self._worker is not None:
+      self._worker.mark_dead(reason, detail)
+
+  def __repr__(self) -> str:
+    state = "alive" if self.alive else f"dead:{self.reason}"
+    return f"EnvHandle({self.class_name or '?'}, pid={self.pid}, {state})"
+
+
+def _check_value(op: str, value: Any, cap: int, method: str | None = None) -> str | None:
+  """Re-checks a worker's reply in the parent; returns a problem or None."""
+  def text(v, what):
+    if not isinstance(v, str):
+      return f"{what} must be str, got {type(v).__name__}"
+    if len(v) > cap:
+      return f"{what} has {len(v)} characters; the cap is {cap}"
+    return None
+  if op == "reset":
+    if not isinstance(value, list) or len(value) != 2 or not isinstance(value[1], dict):
+      return "reset() must return (observation: str, info: dict)"
+    return text(value[0], "reset() observation")
+  if op == "step":
+    if not isinstance(value, list) or len(value) != 5:
+      return "step() must return (observation, reward, terminated, truncated, info)"
+    obs, reward, term, trunc, info = value
+    problem = text(obs, "step() observation")
+    if problem:
+      return problem
+    if not isinstance(reward, (int, float)) or isinstance(reward, bool) \
+        or not math.isfinite(reward) or not -1.0 <= reward <= 1.0:
+      return f"step() reward must be a finite float in [-1, 1], got {reward!r}"
+    if not isinstance(term, bool) or not isinstance(trunc, bool) or not isinstance(info, dict):
+      return "step() terminated/truncated must be bool and info a dict"
+    return None
+  if op == "call" and method == "hint":
+    return text(value, "hint()")
+  if op == "call":
+    if not isinstance(value, list):
+      return "solution() must return list[str]"
+    for a in value:
+      problem = text(a, "solution() action")
+      if problem:
+        return problem
+  return None
+
+
+class EnvPool:
+  """A pool of sandboxed worker processes hosting env programs.
+
+  Use as a context manager; ``close()`` kills every process it ever started.
+  """
+
+  def __init__(self, config: SandboxConfig | None = None):
+    self.config = config or SandboxConfig()
+    cfg = self.config
+    self.plan = isolation.plan_isolation(cfg)
+    self._base = tempfile.mkdtemp(prefix="spade_sandbox_", dir=cfg.scratch_root)
+    os.chmod(self._base, 0o711)
+    self._lock = threading.Lock()
+    self._spares: collections.deque[WorkerProcess] = collections.deque()
+    self._live: dict[int, WorkerProcess] = {}
+    self._counter = 0
+    self._closed = False
+    self._mask = isolation.accelerator_nodes() if self.plan.launcher == "unshare" else []
+    self.report: isolation.IsolationReport | None = None
+    if self.plan.launcher == "none" and cfg.mode == "strict":
+      self.close()
+      raise RuntimeError(
+          "SandboxConfig(mode='strict') needs a network namespace, but neither bubblewrap "
+          f"nor unshare works on this host ({'; '.join(self.plan.notes)}). Install "
+          "bubblewrap, run where user namespaces are allowed, or use mode='best_effort'.")
+    if cfg.self_test:
+      self.report = isolation.self_test(self, self._base)
+      missing = [k for k, v in self.report.layers.items() if not v]
+      log = _log.warning if missing else _log.info
+      log("Sandbox isolation: %s", self.report.summary())
+      if missing:
+        _log.warning("SANDBOX IS WEAKER THAN DESIGNED: missing layers %s. %s", missing,
+                     " ".join(self.plan.notes))
+      if cfg.mode == "strict" and not self.report.network_isolated:
+        detail = self.report.detail
+        self.close()
+        raise RuntimeError("SandboxConfig(mode='strict'): the isolation probe reached the "
+                           f"network or did not run ({detail}). Use mode='best_effort' to "
+                           "run anyway.")
+    else:
+      _log.info("Sandbox launcher: %s (self-test disabled)", self.plan.launcher)
+    self._refill()
+
+  # ---- lifecycle -------------------------------------------------------------
+
+  def __enter__(self) -> "EnvPool":
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+  def __del__(self):
+    try:
+      self.close()
+    except Exception:  # pylint: disable=broad-except
+      pass
+
+  def close(self) -> None:
+    """Kills every worker this pool started and deletes all scratch dirs."""
+    with self._lock:
+      if self._closed:
+        return
+      self._closed = True
+      workers = list(self._live.values())
+      self._live.clear()
+      self._spares.clear()
+    self._destroy(workers)
+    shutil.rmtree(self._base, ignore_errors=True)
+
+  @property
+  def live_workers(self) -> int:
+    return len(self._live)
+
+  @property
+  def worker_pids(self) -> list[int]:
+    return [w.pid for w in self._live.values()]
+
+  def _spawn(self, preimport: Sequence[str] | None = None) -> WorkerProcess:
+    cfg = self.config
+    with self._lock:
+      n = self._counter
+      self._counter += 1
+    scratch = os.path.join(self._base, f"w{n}")
+    os.mkdir(scratch, 0o700)
+    uid = None
+    if self.plan.drop_uid:
+      uid = cfg.uid_base + n % cfg.uid_count
+      os.chown(scratch, uid, uid)
+    rlimits = {"RLIMIT_AS": cfg.memory_mb << 20, "RLIMIT_CPU": cfg.cpu_seconds,
+               "RLIMIT_FSIZE": cfg.file_size_mb << 20, "RLIMIT_NOFILE": cfg.max_open_files,
+               "RLIMIT_CORE": 0}
+    if uid is not None:
+      rlimits["RLIMIT_NPROC"] = cfg.max_processes
+    wcfg = {"scratch": scratch, "uid": uid, "gid": uid, "rlimits": rlimits,
+            "preimport": list(cfg.preimport if preimport is None else preimport),
+            "max_message_bytes": cfg.max_message_bytes,
+            "max_observation_chars": cfg.max_observation_chars, "mask_paths": self._mask}
+    argv = isolation.worker_command(self.plan, scratch, json.dumps(wcfg))
+    worker = WorkerProcess(argv, isolation.worker_env(scratch), scratch,
+                           os.path.join(self._base, f"w{n}.err"), uid)
+    with self._lock:
+      self._live[worker.pid] = worker
+    return worker
+
+  def _refill(self) -> None:
+    while not self._closed:
+      with self._lock:
+        if len(self._spares) >= self.config.num_workers \
+            or len(self._live) >= self.config.max_live_workers:
+          return
+      worker = self._spawn()
+      with self._lock:
+        self._spares.append(worker)
+
+  def _take(self) -> WorkerProcess | None:
+    with self._lock:
+      if self._spares:
+        return self._spares.popleft()
+      if self._closed or len(self._live) >= self.config.max_live_workers:
+        return None
+    return self._spawn()
+
+  def _destroy(self, workers: Sequence[WorkerProcess]) -> None:
+    for w in workers:
+      w.kill()
+    for w in workers:
+      w.reap()
+      w.close_pipes()
+      if self.plan.launcher == "none" and w.uid is not None:
+        _kill_uid(w.uid)
+      shutil.rmtree(w.scratch, ignore_errors=True)
+      try:
+        os.unlink(w.err_path)
+      except OSError:
+        pass
+
+  def wait_ready(self, timeout_s: float = 10.0) -> bool:
+    """Blocks until every warm spare answers a ping; True when all did."""
+    with self._lock:
+      spares = list(self._spares)
+    res = exchange(spares, [{"op": "ping"}] * len(spares), timeout_s,
+                   self.config.max_message_bytes)
+    bad = [w for w, r in zip(spares, res) if r.reply is None]
+    if bad:
+      with self._lock:
+        for w in bad:
+          if w in self._spares:
+            self._spares.remove(w)
+          self._live.pop(w.pid, None)
+      self._destroy(bad)
+      self._refill()
+    return not bad
+
+  # ---- env API -----------------------------------------------------------------
+
+  def start(self, sources: Sequence[str], max_turns: int = 25, *,
+            class_names: Sequence[str | None] | None = None,
+            kwargs: dict[str, Any] | None = None,
+            action_mode: str = "auto", preimport: Sequence[str] | None = None
+            ) -> list[EnvHandle]:
+    """Loads each source into its own fresh worker, all concurrently.
+
+    Args:
+      sources: program texts (already extracted Python source).
+      max_turns: passed to each program's ``__init__``.
+      class_names: optional class to instantiate per source (default: the
+        last class ending in ``Env`` with reset/step).
+      kwargs: extra keyword arguments for ``__init__`` (dropped when the
+        program does not accept them).
+      action_mode: "auto" (raw for programs that parse ``\\boxed`` themselves,
+        else boxed extraction), "boxed" or "raw".
+      preimport: modules for fresh workers to import before the uid drop
+        (default: ``config.preimport``); forces fresh workers.
+
+    Returns:
+      One handle per source; a failed load gives ``alive == False`` with
+      ``reason``/``detail`` set.
+    """
+    if action_mode not in ("auto", "boxed", "raw"):
+      raise ValueError(f"action_mode={action_mode!r}; expected 'auto', 'boxed' or 'raw'.")
+    names = list(class_names) if class_names is not None else [None] * len(sources)
+    handles, workers, reqs = [], [], []
+    for i, src in enumerate(sources):
+      w = self._take() if preimport is None else self._spawn(preimport)
+      h = EnvHandle(self, w, i)
+      handles.append(h)
+      if w is None:
+        h.reason, h.detail = "crash", (
+            f"pool is at max_live_workers={self.config.max_live_workers} or closed; "
+            "release handles before starting more")
+        continue
+      workers.append(w)
+      reqs.append({"op": "load", "source": src, "class_name": names[i],
+                   "max_turns": int(max_turns), "kwargs": kwargs or {},
+                   "action_mode": action_mode})
+    self._refill()
+    outcomes = exchange(workers, reqs, self.config.load_timeout_s,
+                        self.config.max_message_bytes)
+    live = [h for h in handles if h._worker is not None]  # pylint: disable=protected-access
+    for h, o in zip(live, outcomes):
+      h.load_seconds = o.seconds
+      h._worker.loaded = True  # pylint: disable=protected-access
+      res = self._result(h, o, "load")
+      if not res.ok:
+        continue
+      v = res.value
+      if not isinstance(v, dict) or not isinstance(v.get("class_name"), str):
+        h._fail("crash", "protocol violation: malformed load reply")
+        continue
+      h.class_name = v["class_name"]
+      h.has_solution = bool(v.get("has_solution"))
+      h.has_hint = bool(v.get("has_hint"))
+      h.action_mode = v.get("action_mode", "boxed")
+    return handles
+
+  def reset_many(self, handles: Sequence[EnvHandle], seeds: Sequence[int | None] | None = None,
+                 options: dict[str, Any] | Sequence[dict[str, Any] | None] | None = None
+                 ) -> list[CallResult]:
+    """Resets every handle concurrently; value = (obs, info)."""
+    seeds = list(seeds) if seeds is not None else [None] * len(handles)
+    if isinstance(options, dict) or options is None:
+      options = [options] * len(handles)
+    if len(seeds) != len(handles) or len(options) != len(handles):
+      raise ValueError(f"reset_many got {len(handles)} handles, {len(seeds)} seeds and "
+                       f"{len(options)} options; expected equal lengths.")
+    reqs = [{"op": "reset", "seed": None if s is None else int(s), "options": o}
+            for s, o in zip(seeds, options)]
+    return self._run(handles, reqs, "reset")
+
+  def step_many(self, handles: Sequence[EnvHandle], actions: Sequence[str]) -> list[CallResult]:
+    """Steps every handle with the agent's raw turn text, concurrently.
+
+    value = (obs, reward, terminated, truncated, info).
+    """
+    if len(actions) != len(handles):
+      raise ValueError(f"step_many got {len(handles)} handles and {len(actions)} actions; "
+                       "expected one action per handle.")
+    reqs = [{"op": "step", "action": a if isinstance(a, str) else str(a)} for a in actions]
+    return self._run(handles, reqs, "step")
+
+  def call_many(self, handles: Sequence[EnvHandle], method: str) -> list[CallResult]:
+    """Calls an optional program method ("hint" or "solution") on every handle."""
+    if method not in OPTIONAL_METHODS:
+      return [CallResult(False, None, "contract",
+                         f"method {method!r} is not callable; expected one of {OPTIONAL_METHODS}")
+              for _ in handles]
+    return self._run(handles, [{"op": "call", "method": method}] * len(handles), "call",
+                     method=method)
+
+  def release(self, handles: Sequence[EnvHandle]) -> None:
+    """Kills the workers behind ``handles`` and deletes their scratch dirs."""
+    workers = []
+    with self._lock:
+      for h in handles:
+        w = h._worker  # pylint: disable=protected-access
+        h._worker = None  # pylint: disable=protected-access
+        if h.reason is None:
+          h.reason, h.detail = "crash", "handle was released"
+        if w is not None and self._live.pop(w.pid, None) is not None:
+          workers.append(w)
+    self._destroy(workers)
+
+  # ---- internals -------------------------------------------------------------
+
+  def _run(self, handles: Sequence[EnvHandle], reqs: list[dict[str, Any]], op: str,
+           method: str | None = None) -> list[CallResult]:
+    results: list[CallResult | None] = [None] * len(handles)
+    idx, workers, sent = [], [], []
+    for i, h in enumerate(handles):
+      if h._pool is not self:  # pylint: disable=protected-access
+        results[i] = CallResult(False, None, "contract", "handle belongs to another pool")
+      elif not h.alive:
+        results[i] = CallResult(False, None, h.reason or "crash", h.detail)
+      else:
+        idx.append(i)
+        workers.append(h._worker)  # pylint: disable=protected-access
+        sent.append(reqs[i])
+    outcomes = exchange(workers, sent, self.config.call_timeout_s,
+                        self.config.max_message_bytes)
+    for i, o in zip(idx, outcomes):
+      results[i] = self._result(handles[i], o, op, method)
+    return results  # type: ignore[return-value]
+
+  def _result(self, h: EnvHandle, o: Outcome, op: str, method: str | None = None) -> CallResult:
+    if o.reply is None:
+      h._fail(o.reason or "crash", o.detail)  # pylint: disable=protected-access
+      return CallResult(False, None, h.reason, h.detail, o.seconds)
+    r = o.reply
+    if not r.get("ok"):
+      reason = r.get("reason") if r.get("reason") in REASONS else "crash"
+      detail = str(r.get("detail", ""))[:4000]
+      missing_optional = (op == "call" and reason == "contract"
+                          and "defines no" in detail)
+      if not missing_optional:
+        h._fail(reason, detail)  # pylint: disable=protected-access
+      return CallResult(False, None, reason, detail, o.seconds)
+    value = r.get("value")
+    if op != "load":
+      problem = _check_value(op, value, self.config.max_observation_chars, method)
+      if problem:
+        reason = "output_too_large" if "cap is" in problem else "contract"
+        h._fail(reason, problem)  # pylint: disable=protected-access
+        return CallResult(False, None, reason, problem, o.seconds)
+      if op == "step":
+        value[1] = float(value[1])
+      if op in ("reset", "step"):
+        value = tuple(value)
+    return CallResult(True, value, None, "", o.seconds)
+
+
+def _kill_uid(uid: int) -> None:
+  """Kills every process running as ``uid`` (workers own their uid)."""
+  try:
+    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+  except OSError:
+    return
+  for pid in pids:
+    try:
+      if os.stat(f"/proc/{pid}").st_uid == uid:
+        os.kill(pid, 9)
+    except OSError:
+      pass

@@ -91,6 +91,12 @@ def code_hash(program: str) -> str:
   return hashlib.sha256(canon.encode("utf-8")).hexdigest()[:16]
 
 
+def _unparse(tree: ast.AST) -> str:
+  """``ast.unparse`` with 2-space indentation (its string literals are single-line)."""
+  text = ast.unparse(tree)
+  return re.sub(r"^((?:    )+)", lambda m: "  " * (len(m.group(1)) // 4), text, flags=re.M)
+
+
 class _ElideBodies(ast.NodeTransformer):
   """Replaces the bodies of the named functions with ``...``."""
 
@@ -127,7 +133,7 @@ def render_program(program: str, max_chars: int) -> str | None:
     tree = _strip_docstrings(ast.parse(program))
   except (SyntaxError, ValueError):
     return None
-  text = ast.unparse(tree)
+  text = _unparse(tree)
   if len(text) <= max_chars:
     return text
   funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
@@ -137,7 +143,7 @@ def render_program(program: str, max_chars: int) -> str | None:
   for fn in funcs:
     targets.add(id(fn))
     _ElideBodies(targets).visit(tree)
-    text = ast.unparse(tree)
+    text = _unparse(tree)
     if len(text) <= max_chars:
       return text
   return None
@@ -220,7 +226,7 @@ class EnvMemory:
     if rec.win_rate_nohint >= self.config.trivial_win_rate:
       return (f"too easy: the agent solved {rec.win_rate_nohint:.0%} of episodes without "
               "any hint")
-    if rec.win_rate_hint <= 0.0 and rec.win_rate_nohint <= 0.0 and rec.count > 0:
+    if rec.win_rate_hint <= 0.0 and rec.win_rate_nohint <= 0.0:
       return "unsolved: the agent never solved it, even with a hint"
     return None
 

@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import random
 import shutil
 import tempfile
 import threading
@@ -82,6 +83,11 @@ class EnvHandle:
   @property
   def pid(self) -> int | None:
     return self._worker.pid if self._worker is not None else None
+
+  @property
+  def uid(self) -> int | None:
+    """The unprivileged uid the program runs as (None without the uid drop)."""
+    return self._worker.uid if self._worker is not None else None
 
   def _fail(self, reason: str, detail: str) -> None:
     if self.reason is None:
@@ -147,6 +153,7 @@ class EnvPool:
     self._spares: collections.deque[WorkerProcess] = collections.deque()
     self._live: dict[int, WorkerProcess] = {}
     self._counter = 0
+    self._uid_cursor = random.SystemRandom().randrange(cfg.uid_count)
     self._closed = False
     self._mask = isolation.accelerator_nodes() if self.plan.launcher == "unshare" else []
     self.report: isolation.IsolationReport | None = None
@@ -217,7 +224,7 @@ class EnvPool:
     os.mkdir(scratch, 0o700)
     uid = None
     if self.plan.drop_uid:
-      uid = cfg.uid_base + n % cfg.uid_count
+      uid = self._next_uid()
       os.chown(scratch, uid, uid)
     rlimits = {"RLIMIT_AS": cfg.memory_mb << 20, "RLIMIT_CPU": cfg.cpu_seconds,
                "RLIMIT_FSIZE": cfg.file_size_mb << 20, "RLIMIT_NOFILE": cfg.max_open_files,
@@ -234,6 +241,23 @@ class EnvPool:
     with self._lock:
       self._live[worker.pid] = worker
     return worker
+
+  def _next_uid(self) -> int:
+    """A uid of the configured range not used by any live worker of this pool.
+
+    Each pool starts at a random offset in the range, so pools in different
+    processes on one host are unlikely to hand out the same uid.
+    """
+    cfg = self.config
+    with self._lock:
+      used = {w.uid for w in self._live.values()}
+      for _ in range(cfg.uid_count):
+        uid = cfg.uid_base + self._uid_cursor % cfg.uid_count
+        self._uid_cursor += 1
+        if uid not in used:
+          return uid
+    raise RuntimeError(f"all {cfg.uid_count} sandbox uids are in use; raise "
+                       "SandboxConfig.uid_count or release handles.")
 
   def _refill(self) -> None:
     while not self._closed:

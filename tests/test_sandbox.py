@@ -1,0 +1,403 @@
+"""Sandbox worker pool: API behaviour and hostile programs, each contained."""
+
+import dataclasses
+import os
+import pathlib
+import signal
+import socket
+import tempfile
+import time
+import uuid
+
+import pytest
+
+from spade_jax.envs import builtin_program
+from spade_jax.sandbox import DEFAULT_PREIMPORT, CallResult, EnvPool, SandboxConfig
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "programs"
+SECRET = "spade-secret-" + uuid.uuid4().hex
+TEST_CFG = SandboxConfig(num_workers=2, call_timeout_s=1.0, load_timeout_s=5.0,
+                         memory_mb=512, cpu_seconds=30)
+
+
+def fixture(name: str) -> str:
+  return (FIXTURES / f"{name}.py").read_text()
+
+
+def sandbox_pids(pool: EnvPool, uid: int | None = None) -> list[int]:
+  """Host pids running as ``uid``, or anywhere in the pool's per-worker uid range."""
+  cfg = pool.config
+  out = []
+  for p in os.listdir("/proc"):
+    if p.isdigit():
+      try:
+        uid_of = os.stat(f"/proc/{p}").st_uid
+      except OSError:
+        continue
+      if uid_of == uid if uid is not None else cfg.uid_base <= uid_of < cfg.uid_base + cfg.uid_count:
+        out.append(int(p))
+  return out
+
+
+def wait_gone(pids, timeout=3.0) -> list[int]:
+  deadline = time.monotonic() + timeout
+  alive = list(pids)
+  while alive and time.monotonic() < deadline:
+    alive = [p for p in alive if os.path.exists(f"/proc/{p}")
+             and "Z" not in _state(p)]
+    time.sleep(0.05)
+  return alive
+
+
+def _status(pid: int) -> str:
+  try:
+    with open(f"/proc/{pid}/status") as f:
+      lines = f.read().splitlines()
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      cmd = f.read().replace(b"\0", b" ")[:200].decode()
+    return " | ".join(l for l in lines if l.startswith(("State", "PPid", "NSpid", "Uid"))) + cmd
+  except OSError:
+    return f"{pid}: gone"
+
+
+def _state(pid: int) -> str:
+  try:
+    with open(f"/proc/{pid}/stat") as f:
+      return f.read().rsplit(")", 1)[1].split()[0]
+  except OSError:
+    return "Z"
+
+
+@pytest.fixture(scope="module")
+def secret_file():
+  d = tempfile.mkdtemp(prefix="spade_secret_")
+  os.chmod(d, 0o755)
+  path = os.path.join(d, "credentials.json")
+  with open(path, "w") as f:
+    f.write(SECRET)
+  os.chmod(path, 0o644)
+  yield path
+  os.unlink(path)
+  os.rmdir(d)
+
+
+@pytest.fixture(scope="module")
+def pool():
+  os.environ["SPADE_TEST_SECRET"] = SECRET
+  try:
+    with EnvPool(TEST_CFG) as p:
+      yield p
+  finally:
+    os.environ.pop("SPADE_TEST_SECRET", None)
+
+
+def run_one(pool, name, op="reset", options=None, action="x", source=None):
+  h = pool.start([source or fixture(name)])[0]
+  try:
+    assert h.alive, (h.reason, h.detail)
+    if op == "reset":
+      return h, pool.reset_many([h], seeds=[0], options=options)[0]
+    r = pool.reset_many([h], seeds=[0], options=options)[0]
+    assert r.ok, r
+    return h, pool.step_many([h], [action])[0]
+  finally:
+    pool.release([h])
+
+
+# ---- API ---------------------------------------------------------------------------
+
+
+def test_isolation_layers_active(pool):
+  report = pool.report
+  assert report is not None
+  if report.launcher == "none":
+    pytest.skip("no namespace support on this host")
+  for layer in ("net_namespace", "pid_namespace", "env_scrubbed", "accelerators_hidden"):
+    assert report.layers[layer], report.summary()
+  if os.geteuid() == 0:
+    assert report.layers["uid_drop"], report.summary()
+  if report.launcher == "bwrap":
+    assert report.layers["host_files_hidden"] and report.layers["writes_confined"]
+
+
+def test_reset_step_hint_solution(pool):
+  src = builtin_program("guess_number")
+  hs = pool.start([src, src, src])
+  assert all(h.alive and h.class_name == "GuessNumberEnv" for h in hs)
+  assert hs[0].has_solution and hs[0].has_hint and hs[0].action_mode == "boxed"
+  res = pool.reset_many(hs, seeds=[0, 0, 1])
+  assert all(isinstance(r, CallResult) and r.ok for r in res)
+  obs, info = res[0].value
+  assert isinstance(obs, str) and info == {}
+  sols = pool.call_many(hs, "solution")
+  assert sols[0].value == sols[1].value and len(sols[0].value) == 1
+  hints = pool.call_many(hs, "hint")
+  assert all(r.ok and "between" in r.value for r in hints)
+  secret = sols[0].value[0]
+  steps = pool.step_many(hs[:2], [f"I think it is \\boxed{{{secret}}}.", f"  {secret} "])
+  for r in steps:
+    obs, reward, terminated, truncated, info = r.value
+    assert reward == 1.0 and terminated is True and truncated is False
+  pool.release(hs)
+  assert not any(h.alive for h in hs)
+  dead = pool.step_many(hs[:1], ["1"])[0]
+  assert not dead.ok and dead.reason == "crash" and "released" in dead.detail
+
+
+def test_missing_optional_method_keeps_handle(pool):
+  h = pool.start([fixture("infeasible")])[0]
+  assert pool.reset_many([h], seeds=[3])[0].ok
+  r = pool.call_many([h], "hint")[0]
+  assert not r.ok and r.reason == "contract" and h.alive
+  bad = pool.call_many([h], "__init__")[0]
+  assert not bad.ok and bad.reason == "contract"
+  assert pool.step_many([h], ["1"])[0].ok
+  pool.release([h])
+
+
+def test_reference_style_program_gets_raw_action(pool):
+  h = pool.start([fixture("reference_style")])[0]
+  assert h.alive and h.action_mode == "raw"
+  assert pool.reset_many([h], seeds=[5])[0].ok
+  secret = pool.call_many([h], "solution")[0].value[0]
+  r = pool.step_many([h], [f"Let me think... \\boxed{{{secret}}}"])[0]
+  assert r.ok and r.value[1] == 1.0 and r.value[4]["raw"].startswith("Let me think")
+  pool.release([h])
+
+
+@pytest.mark.parametrize("source,reason", [
+    ("class BrokenEnv:\n  def reset(self\n", "syntax"),
+    ("x = 1\n", "contract"),
+    ("class BoomEnv:\n  def __init__(self, max_turns=25):\n    raise ValueError('no')\n"
+     "  def reset(self, seed=None, options=None):\n    pass\n"
+     "  def step(self, a):\n    pass\n", "crash"),
+    ("class BadEnv:\n  def __init__(self, **kw):\n    pass\n"
+     "  def reset(self, seed=None, options=None):\n    return 'obs'\n"
+     "  def step(self, a):\n    return 'o', 0.0, 1, False, {}\n", "contract"),
+])
+def test_load_and_contract_failures(pool, source, reason):
+  h = pool.start([source])[0]
+  if h.alive:
+    r = pool.reset_many([h], seeds=[0])[0]
+    assert not r.ok and r.reason == reason, r
+  else:
+    assert h.reason == reason, h.detail
+  assert not h.alive
+  pool.release([h])
+
+
+def test_step_many_runs_concurrently(pool):
+  src = ("import time\nclass NapEnv:\n  def __init__(self, max_turns=25):\n    pass\n"
+         "  def reset(self, seed=None, options=None):\n    return 'r', {}\n"
+         "  def step(self, a):\n    time.sleep(0.4)\n    return 'o', 0.0, False, False, {}\n")
+  hs = pool.start([src] * 4)
+  pool.reset_many(hs)
+  t = time.monotonic()
+  res = pool.step_many(hs, ["a"] * 4)
+  assert all(r.ok for r in res)
+  assert time.monotonic() - t < 1.2
+  pool.release(hs)
+
+
+def test_timeout_kills_only_the_slow_env(pool):
+  loop = fixture("hostile_infinite_loop")
+  ok_src = builtin_program("arithmetic_chain")
+  hs = pool.start([loop, ok_src])
+  pool.reset_many(hs, seeds=[0, 0])
+  t = time.monotonic()
+  res = pool.step_many(hs, ["1", "1"])
+  assert time.monotonic() - t < TEST_CFG.call_timeout_s + 1.0
+  assert res[0].reason == "timeout" and not hs[0].alive
+  assert res[1].ok and hs[1].alive
+  pool.release(hs)
+
+
+# ---- hostile programs -------------------------------------------------------------
+
+
+def test_long_sleep_times_out(pool):
+  _, r = run_one(pool, "hostile_sleep")
+  assert not r.ok and r.reason == "timeout"
+
+
+def test_ignored_sigterm_still_killed(pool):
+  h = pool.start([fixture("hostile_ignore_sigterm")])[0]
+  pid = h.pid
+  pool.reset_many([h])
+  r = pool.step_many([h], ["x"])[0]
+  assert r.reason == "timeout"
+  pool.release([h])
+  assert not wait_gone([pid])
+
+
+def test_memory_bomb_is_a_memory_outcome():
+  cfg = dataclasses.replace(TEST_CFG, memory_mb=160, call_timeout_s=10.0, num_workers=0,
+                            self_test=False)
+  with EnvPool(cfg) as p:
+    _, r = run_one(p, "hostile_memory_bomb")
+    assert not r.ok and r.reason == "memory", r
+    # A single allocation beyond the limit fails at once, the worker survives it.
+    src = ("class BigEnv:\n  def __init__(self, max_turns=25):\n    pass\n"
+           "  def reset(self, seed=None, options=None):\n    x = bytearray(1 << 30)\n"
+           "    return 'no', {}\n  def step(self, a):\n    return 'o', 0.0, True, False, {}\n")
+    _, r = run_one(p, None, source=src)
+    assert not r.ok and r.reason == "memory", r
+
+
+def test_fork_bomb_is_contained(pool):
+  if not pool.plan.drop_uid:
+    pytest.skip("RLIMIT_NPROC per worker needs the per-worker uid (run as root)")
+  h = pool.start([fixture("hostile_fork_bomb")])[0]
+  uid = h.uid
+  r = pool.reset_many([h])[0]
+  assert not r.ok and r.reason in ("timeout", "crash")
+  assert len(sandbox_pids(pool, uid)) <= TEST_CFG.max_processes
+  pool.release([h])
+  left = wait_gone(sandbox_pids(pool, uid))
+  assert not left, [_status(p) for p in left]
+
+
+def test_writes_stay_in_scratch(pool):
+  nonce = uuid.uuid4().hex
+  open_dir = tempfile.mkdtemp(prefix="spade_open_")
+  os.chmod(open_dir, 0o777)
+  targets = [f"/tmp/spade_escape_{nonce}", f"/root/spade_escape_{nonce}",
+             os.path.join(open_dir, "escape"), f"/var/tmp/spade_escape_{nonce}",
+             f"/dev/shm/spade_escape_{nonce}", f"{os.getcwd()}/spade_escape_{nonce}"]
+  try:
+    h, r = run_one(pool, "hostile_writes", options={"paths": targets})
+    assert r.ok, r
+    obs, info = r.value
+    assert info["home"] == info["cwd"]  # HOME is the scratch dir
+    assert info["home"].endswith("home_marker") is False
+    for path in targets:
+      assert not os.path.exists(path), f"{path} escaped the sandbox: {obs}"
+  finally:
+    for path in targets:
+      if os.path.exists(path):
+        os.unlink(path)
+    os.rmdir(open_dir) if not os.listdir(open_dir) else None
+  assert not os.path.exists(info["home"])  # scratch deleted on release
+
+
+def test_secrets_never_reach_observations(pool, secret_file):
+  _, r = run_one(pool, "hostile_secrets",
+                 options={"paths": [secret_file], "trainer_pid": os.getpid()})
+  assert r.ok, r
+  assert SECRET not in r.value[0]
+  assert "SPADE_TEST_SECRET" not in r.value[0]
+
+
+def test_object_graph_escape_cannot_leak(pool, secret_file):
+  marker = f"/tmp/spade_escape_{uuid.uuid4().hex}"
+  _, r = run_one(pool, "hostile_object_escape",
+                 options={"secret": secret_file, "marker": marker})
+  assert SECRET not in str(r.value) and SECRET not in r.detail
+  assert not os.path.exists(marker)
+
+
+def test_network_is_unreachable(pool):
+  listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  listener.bind(("0.0.0.0", 0))
+  listener.listen(4)
+  listener.settimeout(0.3)
+  host_ip = None
+  try:
+    host_ip = socket.gethostbyname(socket.gethostname())
+  except OSError:
+    pass
+  try:
+    _, r = run_one(pool, "hostile_network",
+                   options={"port": listener.getsockname()[1], "host_ip": host_ip})
+    assert r.ok and "connected" not in r.value[0], r
+    with pytest.raises(socket.timeout):
+      listener.accept()
+  finally:
+    listener.close()
+
+
+def test_killing_the_parent_fails(pool):
+  _, r = run_one(pool, "hostile_kill_parent", options={"trainer_pid": os.getpid()})
+  assert r.ok, r
+  assert f"{os.getpid()}:killed" not in r.value[0]
+  # The pool still serves new envs.
+  h = pool.start([builtin_program("grid_path")])[0]
+  assert pool.reset_many([h], seeds=[1])[0].ok
+  pool.release([h])
+
+
+def test_segfault_is_a_crash(pool):
+  _, r = run_one(pool, "hostile_segfault")
+  assert not r.ok and r.reason == "crash" and "SIGSEGV" in r.detail, r
+
+
+def test_huge_observation_and_info(pool):
+  _, r = run_one(pool, "hostile_huge_observation", op="step", action="x")
+  assert not r.ok and r.reason == "output_too_large", r
+  _, r = run_one(pool, "hostile_huge_observation", op="step", action="info")
+  assert not r.ok and r.reason == "output_too_large", r
+
+
+@pytest.mark.parametrize("action", ["nan", "inf", "big", "str"])
+def test_bad_rewards_are_contract_breaches(pool, action):
+  _, r = run_one(pool, "hostile_nan_reward", op="step", action=action)
+  assert not r.ok and r.reason == "contract", r
+
+
+def test_output_floods_do_not_corrupt_protocol(pool):
+  h = pool.start([fixture("hostile_output_flood")])[0]
+  r = pool.reset_many([h])[0]
+  assert r.ok and r.value[0] == "still fine", r
+  r = pool.step_many([h], ["go"])[0]
+  assert r.ok and r.value[:2] == ("clean", 0.5), r
+  pool.release([h])
+
+
+def test_lingering_threads_and_children_are_reaped(pool):
+  if not pool.plan.drop_uid:
+    pytest.skip("finding leftovers by uid needs the per-worker uid (run as root)")
+  h = pool.start([fixture("hostile_lingering")])[0]
+  r = pool.reset_many([h])[0]
+  assert r.ok, r
+  spawned = sandbox_pids(pool, h.uid)
+  assert len(spawned) >= 3, spawned  # worker + child + detached grandchild
+  pool.release([h])
+  assert not wait_gone(spawned)
+
+
+def test_close_kills_everything():
+  with EnvPool(dataclasses.replace(TEST_CFG, self_test=False)) as p:
+    hs = p.start([fixture("hostile_lingering")] * 2)
+    p.reset_many(hs)
+    pids = list(p.worker_pids)
+    base = p._base  # pylint: disable=protected-access
+  assert not wait_gone(pids)
+  assert not os.path.exists(base)
+
+
+def test_strict_mode_refuses_without_namespaces():
+  cfg = SandboxConfig(mode="strict", use_bwrap=False, use_unshare=False, num_workers=0)
+  with pytest.raises(RuntimeError, match="strict"):
+    EnvPool(cfg)
+
+
+def test_unshare_fallback_holds_core_layers():
+  cfg = dataclasses.replace(TEST_CFG, use_bwrap=False, num_workers=1)
+  with EnvPool(cfg) as p:
+    if p.plan.launcher != "unshare":
+      pytest.skip("unshare cannot create namespaces here")
+    assert p.report.layers["net_namespace"] and p.report.layers["pid_namespace"]
+    _, r = run_one(p, "hostile_kill_parent", options={"trainer_pid": os.getpid()})
+    assert r.ok and f"{os.getpid()}:killed" not in r.value[0]
+    _, r = run_one(p, "hostile_infinite_loop", op="step")
+    assert r.reason == "timeout"
+    if p.plan.drop_uid:
+      # Without a private mount namespace the interpreter prefix may be unreadable
+      # after the uid drop, so the modules this program needs are pre-imported.
+      h = p.start([fixture("hostile_lingering")],
+                  preimport=DEFAULT_PREIMPORT + ("threading",))[0]
+      assert p.reset_many([h])[0].ok
+      spawned = sandbox_pids(p, h.uid)
+      assert len(spawned) >= 3, spawned
+      p.release([h])
+      assert not wait_gone(spawned)

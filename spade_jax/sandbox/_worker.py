@@ -157,10 +157,20 @@ def _parses_boxed(source):
 
 def _params(fn):
   """(parameter names, accepts **kwargs, positional count) of a callable."""
+  if fn is object.__init__:
+    return ("self",), False, 1
   fn = getattr(fn, "__func__", fn)
   code = getattr(fn, "__code__", None)
   if code is None:
-    return None, True, 99
+    try:
+      import inspect  # pylint: disable=import-outside-toplevel
+      params = inspect.signature(fn).parameters.values()
+    except (ImportError, TypeError, ValueError):
+      return (), False, 1
+    names = tuple(p.name for p in params)
+    varkw = any(p.kind == p.VAR_KEYWORD for p in params)
+    positional = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+    return names, varkw, positional + 1
   n = code.co_argcount + code.co_kwonlyargcount
   names = code.co_varnames[:n]
   return names, bool(code.co_flags & 0x08), code.co_argcount

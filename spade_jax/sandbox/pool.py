@@ -17,6 +17,7 @@ threads; one handle must not be used by two threads at once.
 """
 
 import collections
+import concurrent.futures
 import dataclasses
 import json
 import logging
@@ -153,6 +154,8 @@ class EnvPool:
     self._spares: collections.deque[WorkerProcess] = collections.deque()
     self._live: dict[int, WorkerProcess] = {}
     self._counter = 0
+    self._spawner = concurrent.futures.ThreadPoolExecutor(
+        1, thread_name_prefix="spade-sandbox-spawn")
     self._uid_cursor = random.SystemRandom().randrange(cfg.uid_count)
     self._closed = False
     self._mask = isolation.accelerator_nodes() if self.plan.launcher == "unshare" else []
@@ -189,6 +192,14 @@ class EnvPool:
   def __exit__(self, *exc) -> None:
     self.close()
 
+  def __deepcopy__(self, memo) -> "EnvPool":
+    # A pool is a shared OS resource; copies (e.g. gymnasium.make deep-copying
+    # its kwargs) refer to the same pool.
+    return self
+
+  def __copy__(self) -> "EnvPool":
+    return self
+
   def __del__(self):
     try:
       self.close()
@@ -205,6 +216,7 @@ class EnvPool:
       self._live.clear()
       self._spares.clear()
     self._destroy(workers)
+    self._spawner.shutdown(wait=False)
     shutil.rmtree(self._base, ignore_errors=True)
 
   @property
@@ -215,9 +227,11 @@ class EnvPool:
   def worker_pids(self) -> list[int]:
     return [w.pid for w in self._live.values()]
 
-  def _spawn(self, preimport: Sequence[str] | None = None) -> WorkerProcess:
+  def _spawn(self, preimport: Sequence[str] | None = None) -> WorkerProcess | None:
     cfg = self.config
     with self._lock:
+      if self._closed:
+        return None
       n = self._counter
       self._counter += 1
     scratch = os.path.join(self._base, f"w{n}")
@@ -236,8 +250,11 @@ class EnvPool:
             "max_message_bytes": cfg.max_message_bytes,
             "max_observation_chars": cfg.max_observation_chars, "mask_paths": self._mask}
     argv = isolation.worker_command(self.plan, scratch, json.dumps(wcfg))
-    worker = WorkerProcess(argv, isolation.worker_env(scratch), scratch,
-                           os.path.join(self._base, f"w{n}.err"), uid)
+    # Workers are started from one long-lived thread: the launchers tie the
+    # worker's life to the thread that forked it (PR_SET_PDEATHSIG), and a
+    # caller's short-lived thread would take its workers down when it exits.
+    worker = self._spawner.submit(WorkerProcess, argv, isolation.worker_env(scratch), scratch,
+                                  os.path.join(self._base, f"w{n}.err"), uid).result()
     with self._lock:
       self._live[worker.pid] = worker
     return worker
@@ -266,6 +283,8 @@ class EnvPool:
             or len(self._live) >= self.config.max_live_workers:
           return
       worker = self._spawn()
+      if worker is None:
+        return
       with self._lock:
         self._spares.append(worker)
 

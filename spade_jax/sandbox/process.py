@@ -47,13 +47,37 @@ class WorkerProcess:
     self.loaded = False
 
   def kill(self) -> None:
-    """SIGKILLs the worker's process group (idempotent, never raises)."""
+    """SIGKILLs the worker's process group (idempotent, never raises).
+
+    Does nothing once the leader is reaped: its pid, and so the group id,
+    may then belong to an unrelated process.
+    """
+    if self.proc.returncode is not None:
+      return
     for target in (lambda: os.killpg(self.pid, signal.SIGKILL),
                    lambda: self.proc.kill()):
       try:
         target()
       except (ProcessLookupError, PermissionError, OSError):
         pass
+
+  def peek_exit(self, timeout: float) -> int | None:
+    """Exit status (Popen convention) once the leader exits, without reaping it."""
+    if self.proc.returncode is not None:
+      return self.proc.returncode
+    deadline = time.monotonic() + timeout
+    while True:
+      try:
+        info = os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+      except ChildProcessError:
+        return self.proc.returncode
+      if info is not None:
+        if info.si_code == os.CLD_EXITED:
+          return info.si_status
+        return -info.si_status
+      if time.monotonic() >= deadline:
+        return None
+      time.sleep(0.005)
 
   def reap(self, timeout: float = 2.0) -> int | None:
     try:
@@ -122,7 +146,7 @@ def _encode(obj: dict[str, Any]) -> bytes:
 
 def _finish_dead(w: WorkerProcess, default_reason: str, default_detail: str) -> None:
   """Worker closed its pipe: wait briefly for its status, then kill the group."""
-  rc = w.reap(timeout=0.5)
+  rc = w.peek_exit(timeout=0.5)
   reason, detail = death_reason(rc)
   if rc is None:
     reason, detail = default_reason, default_detail

@@ -11,6 +11,7 @@ file intact.
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
 import hashlib
 import json
@@ -97,27 +98,24 @@ def _unparse(tree: ast.AST) -> str:
   return re.sub(r"^((?:    )+)", lambda m: "  " * (len(m.group(1)) // 4), text, flags=re.M)
 
 
-class _ElideBodies(ast.NodeTransformer):
-  """Replaces the bodies of the named functions with ``...``."""
-
-  def __init__(self, targets: set[int]):
-    self.targets = targets
-
-  def visit_FunctionDef(self, node):  # pylint: disable=invalid-name
-    if id(node) in self.targets:
-      node.body = [ast.Expr(ast.Constant(...))]
-      return node
-    return self.generic_visit(node)
-
-  visit_AsyncFunctionDef = visit_FunctionDef  # pylint: disable=invalid-name
+def _outer_functions(node: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+  """Functions and methods not nested inside another function, in source order."""
+  out = []
+  for child in ast.iter_child_nodes(node):
+    if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      out.append(child)
+    else:
+      out.extend(_outer_functions(child))
+  return out
 
 
 def render_program(program: str, max_chars: int) -> str | None:
   """Fits a program into ``max_chars`` without cutting it mid-class.
 
-  Tries, in order: the program as written; without docstrings and comments; with method
-  bodies replaced by ``...`` (largest bodies first; ``reset`` and ``step`` last). Every
-  result parses as Python.
+  Tries, in order: the program as written; without docstrings and comments; with function
+  and method bodies replaced by ``...``, largest bodies first and ``__init__`` / ``reset``
+  / ``step`` last, eliding as few as needed (binary search over that order). Every result
+  parses as Python.
 
   Args:
     program: Python source.
@@ -129,24 +127,39 @@ def render_program(program: str, max_chars: int) -> str | None:
   """
   if len(program) <= max_chars:
     return program.rstrip()
+  if max_chars <= 0:
+    return None
   try:
     tree = _strip_docstrings(ast.parse(program))
-  except (SyntaxError, ValueError):
+  except (SyntaxError, ValueError, RecursionError):
     return None
   text = _unparse(tree)
   if len(text) <= max_chars:
     return text
-  funcs = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+  funcs = _outer_functions(tree)
   core = {"reset", "step", "__init__"}
-  funcs.sort(key=lambda n: (n.name in core, -len(ast.unparse(n))))
-  targets: set[int] = set()
-  for fn in funcs:
-    targets.add(id(fn))
-    _ElideBodies(targets).visit(tree)
-    text = _unparse(tree)
-    if len(text) <= max_chars:
-      return text
-  return None
+  sizes = [(f.end_lineno or f.lineno) - f.lineno for f in funcs]  # Body length in lines.
+  order = sorted(range(len(funcs)), key=lambda i: (funcs[i].name in core, -sizes[i], i))
+
+  def render(k: int) -> str:
+    elided = copy.deepcopy(tree)
+    targets = _outer_functions(elided)
+    for i in order[:k]:
+      targets[i].body = [ast.Expr(ast.Constant(...))]
+    return _unparse(elided)
+
+  best = render(len(funcs))
+  if len(best) > max_chars:
+    return None
+  lo, hi = 0, len(funcs)  # render(lo) is too long; render(hi) fits.
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    candidate = render(mid)
+    if len(candidate) <= max_chars:
+      hi, best = mid, candidate
+    else:
+      lo = mid
+  return best
 
 
 @dataclasses.dataclass

@@ -59,9 +59,10 @@ _GAMES = Setting(
         "The agent answers each turn in free text. Only the content of the LAST "
         "\\boxed{...} in its message reaches your environment: `step(action)` receives "
         "that content as a plain string (for example `step(\"17\")` or "
-        "`step(\"move left\")`). If the message has no \\boxed{...}, `step` receives the "
-        "empty string; treat malformed actions as a wasted turn (reward 0.0, explain the "
-        "expected format in the observation) rather than raising."),
+        "`step(\"move left\")`); do not parse \\boxed yourself. If the message has no "
+        "\\boxed{...}, `step` receives the whole message, stripped. Treat malformed actions "
+        "as a wasted turn (reward 0.0, explain the expected format in the observation) "
+        "rather than raising. `solution()` returns the contents of the boxes, one per turn."),
     agent_rules=(
         "Each turn, reason briefly, then give exactly one action as \\boxed{ACTION}. Only "
         "the last \\boxed{...} in your message is sent to the environment, verbatim."),
@@ -101,7 +102,8 @@ _TOOL_USE = Setting(
         f"`{FINAL_ANSWER_TOOL}` with arguments {{\"answer\": string}}: calling it ends "
         "the episode (terminated=True) with reward 1.0 if the task is accomplished and "
         "0.0 otherwise. Malformed JSON, unknown tools and bad arguments produce an error "
-        "observation with reward 0.0, never an exception."),
+        "observation with reward 0.0, never an exception. `solution()` returns the JSON "
+        "texts of the tool calls, one per turn, ending with the final_answer call."),
     agent_rules=(
         "Each turn, make exactly one tool call as "
         "<tool_call>{\"name\": \"TOOL\", \"arguments\": {...}}</tool_call> with valid "
@@ -165,45 +167,63 @@ OUTPUT_FORMAT = ("Reply with the complete program in one ```python fenced code b
 
 
 def _doc_section(document: Document, budget: int) -> str:
-  text = document.text
-  if len(text) > budget:
-    cut = text[:max(0, budget)].rsplit(None, 1)[0] if budget > 0 else ""
-    text = cut + " [...]"
-  return (f"Source document (id: {document.id}). Draw the theme, entities, rules or "
+  """The document block in at most ``budget`` characters ("" if nothing useful fits)."""
+  head = (f"Source document (id: {document.id}). Draw the theme, entities, rules or "
           "numbers of your environment from it; the environment must be playable without "
-          f"reading the document.\n<document>\n{text}\n</document>")
+          "reading the document.\n<document>\n")
+  tail = "\n</document>"
+  room = budget - len(head) - len(tail)
+  text = document.text.strip()
+  if len(text) > room:
+    room -= len(" [...]")
+    cut = text[:room + 1].rsplit(None, 1)[0] if room > 0 else ""
+    if len(cut) > room:
+      cut = ""
+    if len(cut) < 200:  # Too little of the document to ground anything on.
+      return ""
+    text = cut + " [...]"
+  return head + text + tail
+
+
+_EXEMPLAR_INTRO = (
+    "Environments from earlier rounds that sat at the edge of the agent's ability (hard "
+    "without help, learnable with a hint). Use them for the level of difficulty and for "
+    "the contract, not as templates to copy:")
+
+
+def _code_block(header: str, program: str, budget: int) -> str:
+  from spade_jax.designer.memory import render_program  # pylint: disable=g-import-not-at-top
+  code = render_program(program, budget - len(header) - len("```python\n\n```"))
+  return "" if code is None else f"{header}```python\n{code}\n```"
 
 
 def _exemplar_section(exemplars: Sequence[MemoryRecord], budget: int) -> str:
-  from spade_jax.designer.memory import render_program  # pylint: disable=g-import-not-at-top
+  """Exemplar programs (elided to fit, or skipped) in at most ``budget`` characters."""
   blocks = []
+  used = len(_EXEMPLAR_INTRO)
   for i, rec in enumerate(exemplars):
     header = (f"Example {len(blocks) + 1} (skill: {rec.skill}; the agent solved "
               f"{rec.win_rate_nohint:.0%} of plays without a hint and "
               f"{rec.win_rate_hint:.0%} with one):\n")
-    overhead = len(header) + len("```python\n\n```") + 2
-    remaining = budget - sum(len(b) + 2 for b in blocks)
-    per = remaining // max(1, len(exemplars) - i)
-    code = render_program(rec.program, per - overhead)
-    if code is None:
-      continue
-    blocks.append(f"{header}```python\n{code}\n```")
+    per = (budget - used) // max(1, len(exemplars) - i) - 2
+    block = _code_block(header, rec.program, per)
+    if block:
+      blocks.append(block)
+      used += len(block) + 2
   if not blocks:
     return ""
-  return ("Environments from earlier rounds that sat at the edge of the agent's ability "
-          "(hard without help, learnable with a hint). Use them for the level of "
-          "difficulty and for the contract, not as templates to copy:\n\n" +
-          "\n\n".join(blocks))
+  return "\n\n".join([_EXEMPLAR_INTRO, *blocks])
 
 
 def _negative_section(negative: MemoryRecord, budget: int) -> str:
-  from spade_jax.designer.memory import render_program  # pylint: disable=g-import-not-at-top
+  """The negative example (code if it fits, else just its reason), or ""."""
   reason = negative.reason or "rejected"
   header = f"An earlier environment that did NOT work. Reason: {reason}. Avoid this failure.\n"
-  code = render_program(negative.program, budget - len(header) - len("```python\n\n```"))
-  if code is None:
-    return f"An earlier environment was rejected. Reason: {reason}. Avoid this failure."
-  return f"{header}```python\n{code}\n```"
+  block = _code_block(header, negative.program, budget)
+  if block:
+    return block
+  short = f"An earlier environment was rejected. Reason: {reason}. Avoid this failure."
+  return short if len(short) <= budget else ""
 
 
 def designer_prompt(setting: str, skill: str, document: Document | None = None,
@@ -213,8 +233,9 @@ def designer_prompt(setting: str, skill: str, document: Document | None = None,
 
   Fixed parts (task, skill, interaction rules, contract, output format) are always
   included; the document, exemplars and negative example share what remains of
-  ``max_chars`` (document first, then exemplars, then the negative). Exemplar code is never
-  cut mid-class: longer programs have method bodies elided or are skipped.
+  ``max_chars`` (the document takes at most half when examples follow, exemplars at most
+  three quarters of the rest when a negative follows). Exemplar code is never cut
+  mid-class: longer programs have method bodies elided or are skipped.
 
   Args:
     setting: ``"games"`` or ``"tool_use"``.
@@ -222,7 +243,8 @@ def designer_prompt(setting: str, skill: str, document: Document | None = None,
     document: grounding document, or None for an ungrounded prompt.
     exemplars: memory records shown as positive examples.
     negative: a memory record shown as what to avoid, with its reason.
-    max_chars: character budget for the whole prompt.
+    max_chars: character budget for the whole prompt (exceeded only if the fixed parts
+      alone are longer).
     no_corpus: ablation switch; drops the document even if one is given.
 
   Returns:
@@ -238,25 +260,23 @@ def designer_prompt(setting: str, skill: str, document: Document | None = None,
           "Aim for a task the agent solves only sometimes: hard enough that it fails "
           "without help, but learnable, so that a good hint clearly raises its success "
           "rate. Vary structure and difficulty through `reset(seed)`.")
-  fixed = [head, f"How the agent interacts: {s.interaction}", CONTRACT, OUTPUT_FORMAT]
-  budget = max_chars - sum(len(p) + 2 for p in fixed)
+  tail = [f"How the agent interacts: {s.interaction}", CONTRACT, OUTPUT_FORMAT]
+  budget = max_chars - len("\n\n".join([head, *tail]))
   middle = []
-  if document is not None and not no_corpus:
-    doc_budget = budget // 2 if (exemplars or negative) else budget
-    section = _doc_section(document, doc_budget - 200)
-    middle.append(section)
-    budget -= len(section) + 2
-  if exemplars and budget > 400:
-    ex_budget = budget * 3 // 4 if negative is not None else budget
-    section = _exemplar_section(exemplars, ex_budget)
+
+  def add(section: str) -> None:
+    nonlocal budget
     if section:
       middle.append(section)
       budget -= len(section) + 2
-  if negative is not None and budget > 200:
-    middle.append(_negative_section(negative, budget))
-  parts = [head, *middle, f"How the agent interacts: {s.interaction}", CONTRACT,
-           OUTPUT_FORMAT]
-  return "\n\n".join(parts)
+
+  if document is not None and not no_corpus:
+    add(_doc_section(document, (budget // 2 if (exemplars or negative) else budget) - 2))
+  if exemplars:
+    add(_exemplar_section(exemplars, (budget * 3 // 4 if negative else budget) - 2))
+  if negative is not None:
+    add(_negative_section(negative, budget - 2))
+  return "\n\n".join([head, *middle, *tail])
 
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
@@ -267,6 +287,19 @@ def extract_program(text: str) -> str | None:
   text = re.sub(r"<think>.*?</think>", "", text, flags=re.DOTALL)
   blocks = _FENCE.findall(text)
   return blocks[-1].strip() + "\n" if blocks else None
+
+
+_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def extract_tool_call(text: str) -> str:
+  """The JSON text inside the last ``<tool_call>...</tool_call>`` of an agent turn, or "".
+
+  This is the ``action`` a tool-use environment's ``step`` receives.
+  """
+  text = re.sub(r"<think>.*?</think>", "", text, flags=re.DOTALL)
+  calls = _TOOL_CALL.findall(text)
+  return calls[-1].strip() if calls else ""
 
 
 def agent_system_prompt(setting: str, hint: str | None = None) -> str:
@@ -313,7 +346,7 @@ def hint_prompt(program: str, setting: str, max_chars: int = 24_000) -> str:
   return f"{head}\n\n```python\n{code}\n```\n\n{tail}"
 
 
-def _demo_records():
+def _demo_records(setting: str):
   from spade_jax.designer.corpus import Document  # pylint: disable=g-import-not-at-top
   from spade_jax.designer.memory import MemoryRecord  # pylint: disable=g-import-not-at-top
   doc = Document("pydoc_topics/augassign",
@@ -321,15 +354,77 @@ def _demo_records():
                  "in a single statement, of a binary operation and an assignment statement: "
                  "x += 1 evaluates the target once, applies the operation, and assigns the "
                  "result back to the original target.")
-  good = MemoryRecord(program=_DEMO_PROGRAM, doc_id="stdlib/heapq", skill="optimization",
-                      win_rate_nohint=0.375, win_rate_hint=0.75, regret=0.375,
-                      designer_reward=0.93, iteration=12)
+  if setting == "games":
+    good = MemoryRecord(program=_DEMO_PROGRAM, doc_id="stdlib/heapq", skill="optimization",
+                        win_rate_nohint=0.375, win_rate_hint=0.75, regret=0.375,
+                        designer_reward=0.93, iteration=12, setting=setting)
+  else:
+    good = MemoryRecord(program=_DEMO_TOOL_PROGRAM, doc_id="stdlib/sqlite3",
+                        skill="data retrieval", win_rate_nohint=0.25, win_rate_hint=0.625,
+                        regret=0.375, designer_reward=0.88, iteration=16, setting=setting)
   bad = MemoryRecord(program="class EchoEnv:\n  def reset(self, seed=None, options=None):\n"
                      "    return 'say 1', {}\n  def step(self, action):\n"
                      "    return '', 1.0, True, False, {}\n",
-                     doc_id="stdlib/string", skill="pattern recognition",
-                     reason="trivial: random play solves 100% of episodes", iteration=9)
+                     doc_id="stdlib/string", skill=SKILLS[setting][3],
+                     reason="trivial: random play solves 100% of episodes", iteration=9,
+                     setting=setting)
   return doc, [good], bad
+
+
+_DEMO_TOOL_PROGRAM = '''\
+import json
+import random
+
+TOOLS = [
+    {"name": "search_books", "description": "Books whose title contains a word.",
+     "parameters": {"word": "string"}},
+    {"name": "get_loans", "description": "Loan history of a book id.",
+     "parameters": {"book_id": "integer"}},
+    {"name": "final_answer", "description": "Submit the answer; ends the task.",
+     "parameters": {"answer": "string"}},
+]
+
+
+class LibraryLoansEnv:
+  """Find which member borrowed a book most often."""
+
+  def __init__(self, max_turns: int = 25, **kwargs):
+    self.max_turns = max_turns
+
+  def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+    rng = random.Random(seed)
+    words = ["river", "stone", "night", "glass"]
+    self.books = {i: f"The {rng.choice(words)} of {rng.choice(words)}" for i in range(1, 9)}
+    self.loans = {i: [rng.choice("ABCDE") for _ in range(rng.randint(2, 6))] for i in self.books}
+    self.target = rng.choice(sorted(self.books))
+    counts = {m: self.loans[self.target].count(m) for m in "ABCDE"}
+    self.answer = max(sorted(counts), key=counts.get)
+    self.turns = 0
+    return (f"Who borrowed book #{self.target} most often (ties: first letter)? "
+            f"Tools: {json.dumps(TOOLS)}"), {}
+
+  def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
+    self.turns += 1
+    truncated = self.turns >= self.max_turns
+    try:
+      call = json.loads(action)
+      name, args = call["name"], call.get("arguments", {})
+    except (ValueError, KeyError, TypeError):
+      return "error: send one JSON tool call", 0.0, False, truncated, {}
+    if name == "search_books":
+      hits = {i: t for i, t in self.books.items() if str(args.get("word")) in t}
+      return json.dumps(hits), 0.0, False, truncated, {}
+    if name == "get_loans" and args.get("book_id") in self.loans:
+      return json.dumps(self.loans[args["book_id"]]), 0.0, False, truncated, {}
+    if name == "final_answer":
+      ok = str(args.get("answer", "")).strip().upper() == self.answer
+      return ("correct" if ok else "wrong"), float(ok), True, False, {}
+    return f"error: unknown tool or bad arguments: {action}", 0.0, False, truncated, {}
+
+  def solution(self) -> list[str]:
+    return [json.dumps({"name": "get_loans", "arguments": {"book_id": self.target}}),
+            json.dumps({"name": "final_answer", "arguments": {"answer": self.answer}})]
+'''
 
 
 _DEMO_PROGRAM = '''\
@@ -381,9 +476,9 @@ class CoinChangeEnv:
 
 def render_all(max_chars: int = 12_000) -> str:
   """Every designer prompt (all settings and skills) with demo context, as one text."""
-  doc, exemplars, negative = _demo_records()
   out = []
   for setting, skills in SKILLS.items():
+    doc, exemplars, negative = _demo_records(setting)
     for skill in skills:
       prompt = designer_prompt(setting, skill, doc, exemplars, negative, max_chars=max_chars)
       out.append(f"===== setting={setting} skill={skill} ({len(prompt)} chars) =====\n{prompt}")

@@ -10,11 +10,12 @@ from spade_jax.envs.builtin import builtin_program, builtin_programs
 from spade_jax.envs.gym_adapter import ENV_ID, ProgramEnv, UnicodeText
 from spade_jax.envs.program import (ALLOWED_IMPORTS, MAX_SOURCE_BYTES, REASONS,
                                     check_static, extract_program)
+from spade_jax.envs.replay import Episode, play_solutions
 from spade_jax.envs.validate import (ValidationConfig, Verdict, random_actions,
                                      validate_many, validate_program)
 
 __all__ = [
-    "ALLOWED_IMPORTS", "ENV_ID", "MAX_SOURCE_BYTES", "ProgramEnv", "UnicodeText", "REASONS", "ValidationConfig", "Verdict",
+    "ALLOWED_IMPORTS", "ENV_ID", "Episode", "play_solutions", "MAX_SOURCE_BYTES", "ProgramEnv", "UnicodeText", "REASONS", "ValidationConfig", "Verdict",
     "builtin_program", "builtin_programs", "check_static", "extract_program",
     "random_actions", "validate_many", "validate_program",
 ]

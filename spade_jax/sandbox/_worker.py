@@ -32,7 +32,6 @@ import resource
 import signal
 import struct
 import sys
-import traceback
 
 _HEADER = struct.Struct(">I")
 _OPTIONAL_METHODS = ("solution", "hint")
@@ -318,9 +317,14 @@ def _describe(value):
 
 
 def _program_traceback(exc):
-  frames = [f for f in traceback.extract_tb(exc.__traceback__)
-            if f.filename == "<env_program>"]
-  lines = ["line %d in %s" % (f.lineno, f.name) for f in frames[-4:]]
+  lines = []
+  tb = exc.__traceback__
+  while tb is not None:
+    code = tb.tb_frame.f_code
+    if code.co_filename == "<env_program>":
+      lines.append("line %d in %s" % (tb.tb_lineno, code.co_name))
+    tb = tb.tb_next
+  lines = lines[-4:]
   text = "%s: %s" % (type(exc).__name__, exc)
   if lines:
     text += " (at " + "; ".join(lines) + ")"

@@ -4,9 +4,9 @@ import dataclasses
 
 MODES = ("best_effort", "strict", "none")
 
-# Pure-stdlib modules imported by every worker before the program is loaded,
-# so that programs importing them load fast and still work after the uid drop
-# (the interpreter's prefix may be unreadable to the sandbox uid).
+# Pure-stdlib modules a worker imports before the uid drop when the program
+# might not be able to import them afterwards (no private mount namespace and
+# an interpreter prefix the sandbox uid cannot read, e.g. under /root).
 DEFAULT_PREIMPORT = (
     "random", "math", "re", "json", "itertools", "collections", "string",
     "functools", "heapq", "bisect", "dataclasses", "typing", "fractions",
@@ -48,7 +48,10 @@ class SandboxConfig:
     uid_base: first uid of the per-worker uid range.
     uid_count: size of that range.
     scratch_root: parent directory of worker scratch dirs (default: system tmp).
-    preimport: modules imported by a worker before loading the program.
+    preimport: modules imported by a worker before the uid drop; None (default)
+      picks: nothing under bubblewrap (the interpreter is mounted readable, so
+      programs import lazily and workers boot fastest), DEFAULT_PREIMPORT
+      otherwise.
     self_test: run an isolation probe program when the pool starts and log the
       layers that actually hold.
     python: interpreter for workers (default: the running interpreter's base
@@ -73,7 +76,7 @@ class SandboxConfig:
   uid_base: int = 400000
   uid_count: int = 60000
   scratch_root: str | None = None
-  preimport: tuple[str, ...] = DEFAULT_PREIMPORT
+  preimport: tuple[str, ...] | None = None
   self_test: bool = True
   python: str | None = None
 

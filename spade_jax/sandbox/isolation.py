@@ -254,7 +254,7 @@ def self_test(pool, base_dir: str) -> IsolationReport:
              "trainer_proc": f"/proc/{os.getpid()}/environ"}
   try:
     handle = pool.start([PROBE_SOURCE], max_turns=1,
-                        preimport=tuple(pool.config.preimport) + ("socket",))[0]
+                        preimport=tuple(pool.preimport) + ("socket",))[0]
     res = pool.reset_many([handle], seeds=[0], options=options)[0]
     pool.release([handle])
     try:

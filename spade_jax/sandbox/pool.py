@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spade_jax.sandbox import isolation
-from spade_jax.sandbox.config import SandboxConfig
+from spade_jax.sandbox.config import DEFAULT_PREIMPORT, SandboxConfig
 from spade_jax.sandbox.process import Outcome, WorkerProcess, exchange
 
 _log = logging.getLogger(__name__)
@@ -159,6 +159,12 @@ class EnvPool:
     self._uid_cursor = random.SystemRandom().randrange(cfg.uid_count)
     self._closed = False
     self._mask = isolation.accelerator_nodes() if self.plan.launcher == "unshare" else []
+    if cfg.preimport is not None:
+      self.preimport = tuple(cfg.preimport)
+    elif self.plan.launcher == "bwrap":
+      self.preimport = ()
+    else:
+      self.preimport = DEFAULT_PREIMPORT
     self.report: isolation.IsolationReport | None = None
     if self.plan.launcher == "none" and cfg.mode == "strict":
       self.close()
@@ -212,11 +218,13 @@ class EnvPool:
       if self._closed:
         return
       self._closed = True
+    on_spawner = threading.current_thread().name.startswith("spade-sandbox-spawn")
+    self._spawner.shutdown(wait=not on_spawner, cancel_futures=True)
+    with self._lock:
       workers = list(self._live.values())
       self._live.clear()
       self._spares.clear()
     self._destroy(workers)
-    self._spawner.shutdown(wait=False)
     shutil.rmtree(self._base, ignore_errors=True)
 
   @property
@@ -227,7 +235,8 @@ class EnvPool:
   def worker_pids(self) -> list[int]:
     return [w.pid for w in self._live.values()]
 
-  def _spawn(self, preimport: Sequence[str] | None = None) -> WorkerProcess | None:
+  def _spawn(self, preimport: Sequence[str] | None = None, *,
+             on_spawner: bool = False) -> WorkerProcess | None:
     cfg = self.config
     with self._lock:
       if self._closed:
@@ -246,15 +255,20 @@ class EnvPool:
     if uid is not None:
       rlimits["RLIMIT_NPROC"] = cfg.max_processes
     wcfg = {"scratch": scratch, "uid": uid, "gid": uid, "rlimits": rlimits,
-            "preimport": list(cfg.preimport if preimport is None else preimport),
+            "preimport": list(self.preimport if preimport is None else preimport),
+            "no_new_privs": self.plan.launcher != "bwrap",
             "max_message_bytes": cfg.max_message_bytes,
             "max_observation_chars": cfg.max_observation_chars, "mask_paths": self._mask}
     argv = isolation.worker_command(self.plan, scratch, json.dumps(wcfg))
     # Workers are started from one long-lived thread: the launchers tie the
     # worker's life to the thread that forked it (PR_SET_PDEATHSIG), and a
     # caller's short-lived thread would take its workers down when it exits.
-    worker = self._spawner.submit(WorkerProcess, argv, isolation.worker_env(scratch), scratch,
-                                  os.path.join(self._base, f"w{n}.err"), uid).result()
+    args = (argv, isolation.worker_env(scratch), scratch,
+            os.path.join(self._base, f"w{n}.err"), uid)
+    if on_spawner:
+      worker = WorkerProcess(*args)
+    else:
+      worker = self._spawner.submit(WorkerProcess, *args).result()
     with self._lock:
       self._live[worker.pid] = worker
     return worker
@@ -276,17 +290,29 @@ class EnvPool:
     raise RuntimeError(f"all {cfg.uid_count} sandbox uids are in use; raise "
                        "SandboxConfig.uid_count or release handles.")
 
-  def _refill(self) -> None:
+  def _refill(self, on_spawner: bool = False) -> None:
     while not self._closed:
       with self._lock:
         if len(self._spares) >= self.config.num_workers \
             or len(self._live) >= self.config.max_live_workers:
           return
-      worker = self._spawn()
+      worker = self._spawn(on_spawner=on_spawner)
       if worker is None:
         return
       with self._lock:
+        if self._closed:
+          self._live.pop(worker.pid, None)
+          self._destroy([worker])
+          return
         self._spares.append(worker)
+
+  def _refill_async(self) -> None:
+    """Tops up the warm spares from the spawner thread, without waiting."""
+    if self.config.num_workers and not self._closed:
+      try:
+        self._spawner.submit(self._refill, True)
+      except RuntimeError:  # Spawner already shut down by close().
+        pass
 
   def _take(self) -> WorkerProcess | None:
     with self._lock:
@@ -369,7 +395,7 @@ class EnvPool:
       reqs.append({"op": "load", "source": src, "class_name": names[i],
                    "max_turns": int(max_turns), "kwargs": kwargs or {},
                    "action_mode": action_mode})
-    self._refill()
+    self._refill_async()
     outcomes = exchange(workers, reqs, self.config.load_timeout_s,
                         self.config.max_message_bytes)
     live = [h for h in handles if h._worker is not None]  # pylint: disable=protected-access

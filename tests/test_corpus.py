@@ -142,3 +142,27 @@ def test_config_errors_name_the_problem():
     CorpusConfig(source="tfds")
   with pytest.raises(FileNotFoundError, match="matches no file"):
     Corpus(CorpusConfig(source="text", paths=("/nonexistent/*.txt",)))
+
+
+def test_seqio_task_source():
+  seqio = pytest.importorskip("seqio")
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+  def docs(split, shuffle_files, seed=None):
+    del split, shuffle_files, seed
+    return tf.data.Dataset.from_tensor_slices(
+        {"text": [f"seqio document {i} " + "word " * 40 for i in range(7)]})
+
+  name = "spade_jax_test_corpus_docs"
+  if name not in seqio.TaskRegistry.names():
+    seqio.TaskRegistry.add(
+        name, source=seqio.FunctionDataSource(docs, splits=["train"]),
+        output_features={"text": seqio.Feature(seqio.PassThroughVocabulary(1), add_eos=False,
+                                               dtype=tf.string, rank=0)})
+  corpus = Corpus(CorpusConfig(source="seqio", name=name, max_words=3), seed=0)
+  assert len(corpus) == 7
+  got = take(corpus, 7)
+  assert sorted(d.id for d in got) == [f"{name}:{i}" for i in range(7)]
+  assert got[0].text.startswith("seqio document") and len(got[0].text.split()) == 3
+  with pytest.raises(ValueError, match="not registered"):
+    Corpus(CorpusConfig(source="seqio", name="spade_jax_no_such_task"))

@@ -188,6 +188,11 @@ def test_retrieval_band_order_negatives_and_ablation():
   assert [r.regret for r in ex] == [0.6, 0.2]  # Same skill first, by regret.
   ex = mem.exemplars(skill="optimization", k=3)
   assert [r.regret for r in ex] == [0.4, 0.6, 0.2]
+  huge = rec(program=PROGRAM + "".join(f"\nX{i} = {i}" for i in range(400)), regret=0.7)
+  mem.add(huge)
+  assert mem.exemplars(skill="logical deduction")[0].code_hash == huge.code_hash
+  fitting = mem.exemplars(skill="logical deduction", max_chars=1_500)
+  assert [r.regret for r in fitting] == [0.6, 0.2]  # The long one cannot fit; skipped.
   neg = mem.negative(skill="logical deduction")
   reasons = {mem.negative(seed=s).reason for s in range(2)}
   assert neg is not None and neg.reason

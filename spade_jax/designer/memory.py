@@ -287,7 +287,7 @@ class EnvMemory:
         del self._records[r.code_hash]
 
   def exemplars(self, skill: str | None = None, k: int | None = None,
-                setting: str | None = None) -> list[MemoryRecord]:
+                setting: str | None = None, max_chars: int | None = None) -> list[MemoryRecord]:
     """Positive exemplars: valid, inside the win-rate band, highest regret first.
 
     Records of ``skill`` come first; other skills of the same setting fill the rest.
@@ -296,6 +296,8 @@ class EnvMemory:
       skill: preferred skill, or None for any.
       k: how many; default ``config.num_exemplars``.
       setting: restrict to a setting, or None for any.
+      max_chars: if set, only records that :func:`render_program` can fit into this many
+        characters (whole, or with method bodies elided) are eligible.
 
     Returns:
       Up to ``k`` records (none when ``config.no_memory``).
@@ -309,7 +311,15 @@ class EnvMemory:
             and c.band_lo <= r.win_rate_nohint <= c.band_hi and r.regret >= c.min_regret]
     pool.sort(key=lambda r: (r.skill != skill, -r.regret, -r.designer_reward, -r.iteration,
                              r.code_hash))
-    return pool[:k]
+    if max_chars is None:
+      return pool[:k]
+    picked = []
+    for r in pool:
+      if len(picked) == k:
+        break
+      if render_program(r.program, max_chars) is not None:
+        picked.append(r)
+    return picked
 
   def negative(self, skill: str | None = None, setting: str | None = None,
                seed: int = 0) -> MemoryRecord | None:

@@ -401,3 +401,41 @@ def test_unshare_fallback_holds_core_layers():
       assert len(spawned) >= 3, spawned
       p.release([h])
       assert not wait_gone(spawned)
+
+
+def test_unshare_fallback_confines_writes_and_secrets(secret_file):
+  cfg = dataclasses.replace(TEST_CFG, use_bwrap=False, num_workers=0, self_test=False)
+  with EnvPool(cfg) as p:
+    if p.plan.launcher != "unshare" or os.geteuid() != 0:
+      pytest.skip("needs unshare as root")
+    nonce = uuid.uuid4().hex
+    targets = [f"/tmp/spade_escape_{nonce}", f"/var/tmp/spade_escape_{nonce}",
+               f"/dev/shm/spade_escape_{nonce}", f"/root/spade_escape_{nonce}"]
+    _, r = run_one(p, "hostile_writes", options={"paths": targets})
+    assert r.ok, r
+    assert r.value[0].endswith("home_marker:written"), r.value[0]
+    for path in targets:
+      assert not os.path.exists(path), r.value[0]
+    _, r = run_one(p, "hostile_secrets",
+                   options={"paths": [secret_file], "trainer_pid": os.getpid()})
+    assert r.ok and SECRET not in r.value[0]
+
+
+def test_no_namespace_mode_still_contains_basics(caplog):
+  cfg = dataclasses.replace(TEST_CFG, mode="none", num_workers=0)
+  with caplog.at_level("WARNING"), EnvPool(cfg) as p:
+    assert p.plan.launcher == "none"
+    assert not p.report.layers["net_namespace"]
+    assert "SANDBOX IS WEAKER THAN DESIGNED" in caplog.text
+    _, r = run_one(p, "hostile_infinite_loop", op="step")
+    assert r.reason == "timeout"
+    if p.plan.drop_uid:
+      _, r = run_one(p, "hostile_kill_parent", options={"trainer_pid": os.getpid()})
+      assert r.ok and f"{os.getpid()}:killed" not in r.value[0]
+      h = p.start([fixture("hostile_lingering")],
+                  preimport=DEFAULT_PREIMPORT + ("threading",))[0]
+      assert p.reset_many([h])[0].ok
+      spawned = sandbox_pids(p, h.uid)
+      assert len(spawned) >= 3, spawned
+      p.release([h])
+      assert not wait_gone(spawned)

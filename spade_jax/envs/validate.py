@@ -246,10 +246,10 @@ def _play(pool: EnvPool, handles: list[EnvHandle], cfg: ValidationConfig,
     if time.perf_counter() - t0 > cfg.time_budget_s:
       raise _Reject("timeout", f"validation exceeded its {cfg.time_budget_s:g}s budget")
     batch: list[tuple[EnvHandle, str, str]] = []
-    for h, trace in ((a, transcript), (b, trans_b)):
+    what = "replaying " + ("solution()" if a.has_solution else "probe actions")
+    for h in (a, b):
       if not done[id(h)] and turn < len(script):
-        batch.append((h, script[turn], "replaying " + ("solution()" if a.has_solution
-                                                        else "probe actions")))
+        batch.append((h, script[turn], what))
     if not done[id(noop)]:
       batch.append((noop, "", "playing the no-op action"))
     for h, s in zip(rnd, rnd_scripts):

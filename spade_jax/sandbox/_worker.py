@@ -341,6 +341,29 @@ def _mask_paths(paths):
     libc.mount(b"/dev/null", path.encode(), None, 4096, None)  # MS_BIND
 
 
+def _private_tmp(paths, scratch):
+  """Mounts a small tmpfs over each world-writable dir, keeping scratch visible.
+
+  Used without bubblewrap, as root in a private mount namespace: after the
+  uid drop these are the places outside scratch a program could write to.
+  """
+  if not paths:
+    return
+  import ctypes  # pylint: disable=import-outside-toplevel
+  libc = ctypes.CDLL(None, use_errno=True)
+  keep = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+  flags = 2 | 4 | 8  # MS_NOSUID | MS_NODEV | MS_NOEXEC
+  for path in paths:
+    if libc.mount(b"tmpfs", path.encode(), b"tmpfs", flags, b"size=1m,mode=0755") != 0:
+      raise OSError(ctypes.get_errno(), "mounting a tmpfs over %s failed" % path)
+    if scratch.startswith(path.rstrip("/") + "/"):
+      os.makedirs(scratch, mode=0o755, exist_ok=True)
+      src = ("/proc/self/fd/%d" % keep).encode()
+      if libc.mount(src, scratch.encode(), None, 4096, None) != 0:  # MS_BIND
+        raise OSError(ctypes.get_errno(), "re-binding scratch %s failed" % scratch)
+  os.close(keep)
+
+
 def _isolate(cfg):
   """Applies limits, scratch cwd, and the uid drop; returns the protocol fds."""
   rfd = os.dup(0)
@@ -359,6 +382,7 @@ def _isolate(cfg):
     except (ValueError, OSError):
       pass
   _mask_paths(cfg.get("mask_paths", ()))
+  _private_tmp(cfg.get("tmpfs_paths", ()), cfg["scratch"])
   for name in cfg.get("preimport", ()):
     try:
       __import__(name)

@@ -8,7 +8,9 @@ Layers, strongest first, used where the host allows them:
   uts (and cgroup when possible) namespaces; all capabilities dropped except
   the two needed for the uid drop.
 * util-linux ``unshare`` (when bubblewrap is missing): new net, pid, ipc, uts and
-  mount namespaces; accelerator device nodes masked with /dev/null.
+  mount namespaces; as root, accelerator device nodes masked with /dev/null and
+  a small tmpfs over /tmp, /var/tmp, /dev/shm (the host filesystem otherwise
+  stays visible, protected by the uid drop and file permissions only).
 * per-worker uid (when the pool runs as root): every worker runs as its own
   unprivileged uid, which also makes RLIMIT_NPROC a per-worker limit.
 * always: rlimits, ``no_new_privs``, a scratch cwd, a scrubbed environment,
@@ -119,6 +121,18 @@ def accelerator_nodes() -> list[str]:
   except OSError:
     return []
   return sorted("/dev/" + n for n in names if n.startswith(_ACCEL_GLOBS))
+
+
+def world_writable_dirs() -> list[str]:
+  """Shared temp dirs a sandbox uid could write to outside its scratch dir."""
+  out = []
+  for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/dev/mqueue"):
+    try:
+      if not os.path.islink(d) and os.path.isdir(d) and os.stat(d).st_mode & 0o002:
+        out.append(d)
+    except OSError:
+      pass
+  return out
 
 
 def worker_env(scratch: str) -> dict[str, str]:
@@ -276,7 +290,9 @@ def self_test(pool, base_dir: str) -> IsolationReport:
       "net_namespace": facts["net"] not in ("connected", "unknown") and not accepted,
       "pid_namespace": facts["trainer_proc"] is None and plan.launcher != "none",
       "uid_drop": facts["uid"] not in (0, os.getuid()),
-      "host_files_hidden": facts["secret"] is None,
+      # Only a fresh mount namespace hides the host filesystem as a whole; the
+      # probe's secret merely shows whether that works.
+      "host_files_hidden": facts["secret"] is None and plan.launcher == "bwrap",
       "writes_confined": not facts["outside_write"],
       "accelerators_hidden": not facts["devices"],
       "env_scrubbed": set(facts["env"]) <= set(worker_env("/")) | {"PWD"},

@@ -158,7 +158,9 @@ class EnvPool:
         1, thread_name_prefix="spade-sandbox-spawn")
     self._uid_cursor = random.SystemRandom().randrange(cfg.uid_count)
     self._closed = False
-    self._mask = isolation.accelerator_nodes() if self.plan.launcher == "unshare" else []
+    unshare_root = self.plan.launcher == "unshare" and os.geteuid() == 0
+    self._mask = isolation.accelerator_nodes() if unshare_root else []
+    self._tmpfs = isolation.world_writable_dirs() if unshare_root else []
     if cfg.preimport is not None:
       self.preimport = tuple(cfg.preimport)
     elif self.plan.launcher == "bwrap":
@@ -258,7 +260,8 @@ class EnvPool:
             "preimport": list(self.preimport if preimport is None else preimport),
             "no_new_privs": self.plan.launcher != "bwrap",
             "max_message_bytes": cfg.max_message_bytes,
-            "max_observation_chars": cfg.max_observation_chars, "mask_paths": self._mask}
+            "max_observation_chars": cfg.max_observation_chars, "mask_paths": self._mask,
+            "tmpfs_paths": self._tmpfs}
     argv = isolation.worker_command(self.plan, scratch, json.dumps(wcfg))
     # Workers are started from one long-lived thread: the launchers tie the
     # worker's life to the thread that forked it (PR_SET_PDEATHSIG), and a

@@ -331,6 +331,26 @@ def test_segfault_is_a_crash(pool):
   assert not r.ok and r.reason == "crash" and "SIGSEGV" in r.detail, r
 
 
+def test_forged_and_deeply_nested_replies(pool):
+  forge = ("import os\nclass ForgeEnv:\n  def __init__(self, max_turns=25):\n    pass\n"
+           "  def reset(self, seed=None, options=None):\n    return 'r', {}\n"
+           "  def step(self, a):\n"
+           "    if a == 'nest':\n      x = []\n      for _ in range(100000):\n        x = [x]\n"
+           "      return 'o', 0.0, False, False, {'x': x}\n"
+           "    deep = b'[' * 100000 + b']' * 100000\n"
+           "    frame = len(deep).to_bytes(4, 'big') + deep\n"
+           "    for fd in range(3, 12):\n"
+           "      try:\n        os.write(fd, frame if a == 'deep' else b'\\x00\\x00\\x00\\x05[1,2]xx')\n"
+           "      except OSError:\n        pass\n"
+           "    return 'o', 0.0, False, False, {}\n")
+  for action in ("nest", "forge", "deep"):
+    h = pool.start([forge])[0]
+    pool.reset_many([h])
+    r = pool.step_many([h], [action])[0]
+    assert not r.ok and r.reason in ("crash", "contract"), r
+    pool.release([h])
+
+
 def test_huge_observation_and_info(pool):
   _, r = run_one(pool, "hostile_huge_observation", op="step", action="x")
   assert not r.ok and r.reason == "output_too_large", r
@@ -439,3 +459,24 @@ def test_no_namespace_mode_still_contains_basics(caplog):
       assert len(spawned) >= 3, spawned
       p.release([h])
       assert not wait_gone(spawned)
+
+
+def test_scratch_is_private_and_capped(pool):
+  if pool.plan.launcher != "bwrap":
+    pytest.skip("only bubblewrap gives a size-capped scratch dir")
+  src = ("import os\nclass DiskEnv:\n  def __init__(self, max_turns=25):\n    pass\n"
+         "  def reset(self, seed=None, options=None):\n"
+         "    n = 0\n"
+         "    try:\n"
+         "      for i in range(100):\n"
+         "        with open('f%d' % i, 'wb') as f:\n"
+         "          f.write(b'x' * (8 << 20))\n"
+         "        n += 1\n"
+         "    except OSError as e:\n"
+         "      return '%d %s' % (n, type(e).__name__), {'cwd': os.getcwd()}\n"
+         "    return '%d none' % n, {'cwd': os.getcwd()}\n"
+         "  def step(self, a):\n    return '', 0.0, True, False, {}\n")
+  _, r = run_one(pool, None, source=src)
+  assert r.ok, r
+  written = int(r.value[0].split()[0])
+  assert written * 8 <= TEST_CFG.scratch_mb and r.value[1]["cwd"] == "/scratch", r.value

@@ -396,6 +396,8 @@ def _isolate(cfg):
       pass
   uid = cfg.get("uid")
   if uid is not None and os.getuid() == 0:
+    if cfg.get("chown_scratch"):
+      os.chown(cfg["scratch"], int(uid), int(cfg["gid"]))
     os.setgroups([])
     os.setgid(int(cfg["gid"]))
     os.setuid(int(uid))
@@ -436,8 +438,11 @@ def main():
     except RecursionError as e:
       reply = {"id": rid, "ok": False, "reason": "crash", "detail": _program_traceback(e)}
     except SyntaxError as e:
-      reply = {"id": rid, "ok": False, "reason": "syntax",
-               "detail": "%s (line %s)" % (e.msg, e.lineno)}
+      if op == "load":
+        reply = {"id": rid, "ok": False, "reason": "syntax",
+                 "detail": "%s (line %s)" % (e.msg, e.lineno)}
+      else:
+        reply = {"id": rid, "ok": False, "reason": "crash", "detail": _program_traceback(e)}
     except BaseException as e:  # pylint: disable=broad-except
       reply = {"id": rid, "ok": False, "reason": "crash", "detail": _program_traceback(e)}
     _send(wfd, reply, max_bytes)

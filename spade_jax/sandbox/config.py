@@ -35,6 +35,8 @@ class SandboxConfig:
     memory_mb: RLIMIT_AS of each worker.
     cpu_seconds: RLIMIT_CPU of each worker over its whole life.
     file_size_mb: RLIMIT_FSIZE: largest file a program may write in scratch.
+    scratch_mb: size of the private tmpfs scratch dir under bubblewrap (other
+      launchers use a host dir, limited per file by file_size_mb only).
     max_open_files: RLIMIT_NOFILE.
     max_processes: RLIMIT_NPROC (threads count too); enforced per worker since
       each worker runs under its own uid when the pool runs as root.
@@ -66,6 +68,7 @@ class SandboxConfig:
   memory_mb: int = 1024
   cpu_seconds: int = 120
   file_size_mb: int = 16
+  scratch_mb: int = 64
   max_open_files: int = 64
   max_processes: int = 16
   max_message_bytes: int = 4 << 20

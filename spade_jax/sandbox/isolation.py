@@ -3,7 +3,8 @@
 Layers, strongest first, used where the host allows them:
 
 * bubblewrap: fresh mount namespace holding only read-only system and
-  interpreter directories, the worker script and the private scratch dir; a
+  interpreter directories, the worker script and a size-capped private tmpfs
+  as scratch dir; a
   minimal /dev (no /dev/nvidia*, /dev/accel*, /dev/vfio); new pid, net, ipc,
   uts (and cgroup when possible) namespaces; all capabilities dropped except
   the two needed for the uid drop.
@@ -141,8 +142,22 @@ def worker_env(scratch: str) -> dict[str, str]:
           "LANG": "C.UTF-8", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def worker_command(plan: IsolationPlan, scratch: str, config_json: str) -> list[str]:
-  """argv that starts one worker under ``plan`` with ``scratch`` as its cwd."""
+BWRAP_SCRATCH = "/scratch"
+
+
+def inside_scratch(plan: IsolationPlan, host_scratch: str) -> str:
+  """Path of the worker's scratch dir as the worker sees it."""
+  return BWRAP_SCRATCH if plan.launcher == "bwrap" else host_scratch
+
+
+def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
+                   scratch_bytes: int = 64 << 20) -> list[str]:
+  """argv that starts one worker under ``plan``.
+
+  Under bubblewrap the scratch dir is a private tmpfs of ``scratch_bytes`` at
+  :data:`BWRAP_SCRATCH` (gone with the sandbox, never on the host disk);
+  otherwise it is the host dir ``scratch``.
+  """
   inner = [plan.python, "-s", "-S", "-B"]
   if sys.version_info >= (3, 11):
     inner.append("-P")
@@ -152,14 +167,14 @@ def worker_command(plan: IsolationPlan, scratch: str, config_json: str) -> list[
             "--unshare-cgroup-try", "--die-with-parent", "--hostname", "sandbox",
             "--cap-drop", "ALL"]
     if plan.drop_uid:
-      argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+      argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
     for d in _SYSTEM_DIRS:
       if os.path.islink(d):
         argv += ["--symlink", os.readlink(d), d]
       elif os.path.isdir(d):
         argv += ["--ro-bind", d, d]
     binds = [("--ro-bind", d) for d in _python_dirs(plan.python)]
-    binds += [("--ro-bind", WORKER_SCRIPT), ("--bind", scratch)]
+    binds += [("--ro-bind", WORKER_SCRIPT)]
     # bwrap creates missing mount-point parents as 0700 root dirs, which the
     # unprivileged worker uid could not traverse; create them as 0755 first.
     parents = sorted({p for _, d in binds for p in _ancestors(d)})
@@ -167,8 +182,9 @@ def worker_command(plan: IsolationPlan, scratch: str, config_json: str) -> list[
       argv += ["--perms", "0755", "--dir", p]
     for flag, d in binds:
       argv += [flag, d, d]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--clearenv"]
-    for k, v in worker_env(scratch).items():
+    argv += ["--proc", "/proc", "--dev", "/dev", "--perms", "0700", "--size",
+             str(int(scratch_bytes)), "--tmpfs", BWRAP_SCRATCH, "--clearenv"]
+    for k, v in worker_env(BWRAP_SCRATCH).items():
       argv += ["--setenv", k, v]
     return argv + ["--"] + inner
   if plan.launcher == "unshare":

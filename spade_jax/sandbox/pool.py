@@ -256,17 +256,19 @@ class EnvPool:
                "RLIMIT_CORE": 0}
     if uid is not None:
       rlimits["RLIMIT_NPROC"] = cfg.max_processes
-    wcfg = {"scratch": scratch, "uid": uid, "gid": uid, "rlimits": rlimits,
+    inside = isolation.inside_scratch(self.plan, scratch)
+    wcfg = {"scratch": inside, "chown_scratch": inside != scratch,
+            "uid": uid, "gid": uid, "rlimits": rlimits,
             "preimport": list(self.preimport if preimport is None else preimport),
             "no_new_privs": self.plan.launcher != "bwrap",
             "max_message_bytes": cfg.max_message_bytes,
             "max_observation_chars": cfg.max_observation_chars, "mask_paths": self._mask,
             "tmpfs_paths": self._tmpfs}
-    argv = isolation.worker_command(self.plan, scratch, json.dumps(wcfg))
+    argv = isolation.worker_command(self.plan, scratch, json.dumps(wcfg), cfg.scratch_mb << 20)
     # Workers are started from one long-lived thread: the launchers tie the
     # worker's life to the thread that forked it (PR_SET_PDEATHSIG), and a
     # caller's short-lived thread would take its workers down when it exits.
-    args = (argv, isolation.worker_env(scratch), scratch,
+    args = (argv, isolation.worker_env(inside), scratch,
             os.path.join(self._base, f"w{n}.err"), uid)
     if on_spawner:
       worker = WorkerProcess(*args)

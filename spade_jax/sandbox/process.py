@@ -260,7 +260,7 @@ def exchange(workers: list[WorkerProcess], requests: list[dict[str, Any]], timeo
         reply = json.loads(body.decode("utf-8", "surrogatepass"))
         if not isinstance(reply, dict) or reply.get("id") != w.seq:
           raise ValueError("reply id does not match the request")
-      except (ValueError, UnicodeDecodeError) as e:
+      except (ValueError, UnicodeDecodeError, RecursionError) as e:
         w.mark_dead("crash", f"protocol violation: {e}")
         finish(i, w.reason, w.detail)
         continue

@@ -28,7 +28,9 @@ _MODE = flags.DEFINE_enum("sandbox_mode", "best_effort", ["best_effort", "strict
 
 
 def _print_episode(ep) -> None:
-  status = "SOLVED" if ep.solved else f"not solved{f' ({ep.reason}: {ep.detail})' if ep.reason else ''}"
+  status = "SOLVED" if ep.solved else "not solved"
+  if ep.reason:
+    status += f" ({ep.reason}: {ep.detail})"
   print(f"\n--- solution play, seed {ep.seed}: {status}")
   for action, obs, reward, term, trunc in ep.steps:
     if action is not None:

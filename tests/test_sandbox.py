@@ -34,7 +34,8 @@ def sandbox_pids(pool: EnvPool, uid: int | None = None) -> list[int]:
         uid_of = os.stat(f"/proc/{p}").st_uid
       except OSError:
         continue
-      if uid_of == uid if uid is not None else cfg.uid_base <= uid_of < cfg.uid_base + cfg.uid_count:
+      in_range = cfg.uid_base <= uid_of < cfg.uid_base + cfg.uid_count
+      if (uid_of == uid) if uid is not None else in_range:
         out.append(int(p))
   return out
 
@@ -340,7 +341,8 @@ def test_forged_and_deeply_nested_replies(pool):
            "    deep = b'[' * 100000 + b']' * 100000\n"
            "    frame = len(deep).to_bytes(4, 'big') + deep\n"
            "    for fd in range(3, 12):\n"
-           "      try:\n        os.write(fd, frame if a == 'deep' else b'\\x00\\x00\\x00\\x05[1,2]xx')\n"
+           "      try:\n"
+           "        os.write(fd, frame if a == 'deep' else b'\\x00\\x00\\x00\\x05[1,2]xx')\n"
            "      except OSError:\n        pass\n"
            "    return 'o', 0.0, False, False, {}\n")
   for action in ("nest", "forge", "deep"):

@@ -4,6 +4,8 @@ Public API::
 
   from spade_jax.envs import (extract_program, validate_program, ValidationConfig,
                               Verdict, REASONS, builtin_programs)
+
+Importing this package registers the gymnasium env ``spade_jax/Program-v0``.
 """
 
 from spade_jax.envs.builtin import builtin_program, builtin_programs
@@ -15,7 +17,8 @@ from spade_jax.envs.validate import (ValidationConfig, Verdict, random_actions,
                                      validate_many, validate_program)
 
 __all__ = [
-    "ALLOWED_IMPORTS", "ENV_ID", "Episode", "play_solutions", "MAX_SOURCE_BYTES", "ProgramEnv", "UnicodeText", "REASONS", "ValidationConfig", "Verdict",
-    "builtin_program", "builtin_programs", "check_static", "extract_program",
-    "random_actions", "validate_many", "validate_program",
+    "ALLOWED_IMPORTS", "ENV_ID", "Episode", "MAX_SOURCE_BYTES", "ProgramEnv", "REASONS",
+    "UnicodeText", "ValidationConfig", "Verdict", "builtin_program", "builtin_programs",
+    "check_static", "extract_program", "play_solutions", "random_actions", "validate_many",
+    "validate_program",
 ]

@@ -482,3 +482,24 @@ def test_scratch_is_private_and_capped(pool):
   assert r.ok, r
   written = int(r.value[0].split()[0])
   assert written * 8 <= TEST_CFG.scratch_mb and r.value[1]["cwd"] == "/scratch", r.value
+
+
+def test_broken_launcher_falls_back(monkeypatch, caplog):
+  from spade_jax.sandbox import isolation  # pylint: disable=import-outside-toplevel
+  real = isolation.worker_command
+
+  def broken(plan, *args, **kwargs):
+    argv = real(plan, *args, **kwargs)
+    if plan.launcher == "bwrap":
+      argv.insert(1, "--no-such-option")
+    return argv
+
+  monkeypatch.setattr(isolation, "worker_command", broken)
+  cfg = dataclasses.replace(TEST_CFG, num_workers=0)
+  with caplog.at_level("WARNING"), EnvPool(cfg) as p:
+    if isolation.plan_isolation(cfg).launcher != "bwrap":
+      pytest.skip("bubblewrap not in use here")
+    assert p.plan.launcher != "bwrap" and "falling back" in caplog.text
+    h = p.start([builtin_program("guess_number")])[0]
+    assert p.reset_many([h], seeds=[0])[0].ok
+    p.release([h])

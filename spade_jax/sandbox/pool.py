@@ -158,15 +158,7 @@ class EnvPool:
         1, thread_name_prefix="spade-sandbox-spawn")
     self._uid_cursor = random.SystemRandom().randrange(cfg.uid_count)
     self._closed = False
-    unshare_root = self.plan.launcher == "unshare" and os.geteuid() == 0
-    self._mask = isolation.accelerator_nodes() if unshare_root else []
-    self._tmpfs = isolation.world_writable_dirs() if unshare_root else []
-    if cfg.preimport is not None:
-      self.preimport = tuple(cfg.preimport)
-    elif self.plan.launcher == "bwrap":
-      self.preimport = ()
-    else:
-      self.preimport = DEFAULT_PREIMPORT
+    self._adopt(self.plan)
     self.report: isolation.IsolationReport | None = None
     if self.plan.launcher == "none" and cfg.mode == "strict":
       self.close()
@@ -176,6 +168,13 @@ class EnvPool:
           "bubblewrap, run where user namespaces are allowed, or use mode='best_effort'.")
     if cfg.self_test:
       self.report = isolation.self_test(self, self._base)
+      while not self.report.layers.get("probe_ran", True) and self.plan.launcher != "none":
+        weaker = dataclasses.replace(cfg, use_bwrap=False, use_unshare=(
+            self.plan.launcher == "bwrap" and cfg.use_unshare))
+        _log.warning("Sandbox workers fail under %s (%s); falling back to a weaker launcher.",
+                     self.plan.launcher, self.report.detail)
+        self._adopt(isolation.plan_isolation(weaker))
+        self.report = isolation.self_test(self, self._base)
       missing = [k for k, v in self.report.layers.items() if not v]
       log = _log.warning if missing else _log.info
       log("Sandbox isolation: %s", self.report.summary())
@@ -191,6 +190,19 @@ class EnvPool:
     else:
       _log.info("Sandbox launcher: %s (self-test disabled)", self.plan.launcher)
     self._refill()
+
+  def _adopt(self, plan: isolation.IsolationPlan) -> None:
+    """Sets the launcher plan and what depends on it."""
+    self.plan = plan
+    unshare_root = plan.launcher == "unshare" and os.geteuid() == 0
+    self._mask = isolation.accelerator_nodes() if unshare_root else []
+    self._tmpfs = isolation.world_writable_dirs() if unshare_root else []
+    if self.config.preimport is not None:
+      self.preimport = tuple(self.config.preimport)
+    elif plan.launcher == "bwrap":
+      self.preimport = ()
+    else:
+      self.preimport = DEFAULT_PREIMPORT
 
   # ---- lifecycle -------------------------------------------------------------
 

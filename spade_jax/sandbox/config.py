@@ -66,7 +66,7 @@ class SandboxConfig:
   call_timeout_s: float = 5.0
   load_timeout_s: float = 10.0
   memory_mb: int = 1024
-  cpu_seconds: int = 120
+  cpu_seconds: int = 300
   file_size_mb: int = 16
   scratch_mb: int = 64
   max_open_files: int = 64

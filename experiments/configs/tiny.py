@@ -25,14 +25,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   c.model = dataclasses.asdict(get_preset("tiny"))
   c.mesh = dict(data=-1, fsdp=1, tensor=1, rules="fsdp")
-  c.train = dict(batch_size=16, seq_len=1024, num_microbatches=1)
+  c.train = dict(batch_size=12, seq_len=1024, num_microbatches=1)
   c.loss = dict(eps_low=0.2, eps_high=0.28, kl_coef=0.0, aggregation="token_mean")
   c.optimizer = dict(learning_rate=1e-4, weight_decay=0.1, b1=0.9, b2=0.98)
   c.sampling = dict(temperature=1.0, top_p=1.0, top_k=0)
 
   c.selfplay = dict(
       setting="games", skills=("logical deduction", "mathematical reasoning"),
-      num_envs=4, plays=2, hinted_plays=2, max_turns=3, agent_turn_tokens=48,
+      num_envs=4, plays=2, hinted_plays=2, max_turns=3, agent_turn_tokens=32,
       designer_new_tokens=192, designer_prompt_tokens=640, regen_every=1,
       hint_source="program", fill_from_pool=True)
   c.rewards = dict(variant="blend", credit_window=1, invalid_penalty=-1.0)
@@ -43,6 +43,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   if arg == "smoke":
     c.iterations = 2
+    c.train.batch_size = 8
     c.train.seq_len = 768
     c.selfplay.num_envs = 2
     c.selfplay.max_turns = 2

@@ -13,6 +13,8 @@ class OptimizerConfig:
   """AdamW with global-norm clipping (reference: lr 1e-6, wd 0.1, betas 0.9/0.98).
 
   Attributes:
+    name: "adamw" (default), "adam" (no weight decay) or "sgd" (plain
+      gradient descent, e.g. for exactness checks and baselines).
     learning_rate: peak learning rate.
     schedule: "constant" | "cosine" | "linear_warmup".
     warmup_steps: linear warm-up steps (schedules other than constant).
@@ -23,6 +25,7 @@ class OptimizerConfig:
     grad_clip: global-norm clip; 0 disables.
   """
 
+  name: str = "adamw"
   learning_rate: float = 1e-6
   schedule: str = "constant"
   warmup_steps: int = 0
@@ -59,6 +62,14 @@ def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
   parts = []
   if cfg.grad_clip:
     parts.append(optax.clip_by_global_norm(cfg.grad_clip))
-  parts.append(optax.adamw(_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                           weight_decay=cfg.weight_decay, mask=decay_mask))
+  lr = _schedule(cfg)
+  if cfg.name == "adamw":
+    parts.append(optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                             weight_decay=cfg.weight_decay, mask=decay_mask))
+  elif cfg.name == "adam":
+    parts.append(optax.adam(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps))
+  elif cfg.name == "sgd":
+    parts.append(optax.sgd(lr))
+  else:
+    raise ValueError(f"Unknown optimizer {cfg.name!r}; valid: ['adam', 'adamw', 'sgd'].")
   return optax.chain(*parts)

@@ -1,0 +1,113 @@
+"""Model: shapes, axes, KV-cache consistency, segment packing, sharded forward."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spade_jax import parallel
+from spade_jax.models import (ByteVocab, ChatTemplate, ModelConfig, forward, get_preset,
+                              init_cache, init_params, param_axes, param_shapes,
+                              segment_mask, token_logprobs)
+
+CFG = get_preset("tiny")
+
+
+@pytest.fixture(scope="module")
+def params():
+  return init_params(jax.random.key(0), CFG)
+
+
+def test_axes_and_shapes_cover_every_param(params):
+  is_leaf = lambda x: isinstance(x, tuple)
+  axes = jax.tree.leaves(param_axes(CFG), is_leaf=is_leaf)
+  shapes = jax.tree.leaves(param_shapes(CFG), is_leaf=is_leaf)
+  leaves = jax.tree.leaves(params)
+  assert len(axes) == len(shapes) == len(leaves)
+  for a, s, x in zip(axes, shapes, leaves):
+    assert len(a) == len(s) == x.ndim and tuple(s) == x.shape
+
+
+def test_untied_head_and_eval_shape():
+  cfg = ModelConfig(tie_embeddings=False, num_layers=3)
+  shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
+  assert shapes["lm_head"].shape == (cfg.d_model, cfg.vocab_size)
+  assert shapes["layers"]["q"].shape == (3, cfg.d_model, cfg.num_heads, cfg.head_dim)
+
+
+def test_bad_config_errors():
+  with pytest.raises(ValueError, match="num_kv_heads"):
+    ModelConfig(num_heads=4, num_kv_heads=3)
+  with pytest.raises(ValueError, match="Unknown model preset 'nope'"):
+    get_preset("nope")
+
+
+def test_cache_prefill_and_decode_match_full_forward(params):
+  T = 12
+  toks = jax.random.randint(jax.random.key(1), (2, T), 3, 259)
+  pos = jnp.tile(jnp.arange(T), (2, 1))
+  full, _ = forward(params, CFG, toks, pos, segment_mask(jnp.ones_like(toks)))
+  S = 16
+  cache = init_cache(CFG, 2, S)
+  P = 7
+  m = jnp.broadcast_to(jnp.arange(S)[None, :] <= jnp.arange(P)[:, None], (2, P, S))
+  out, cache = forward(params, CFG, toks[:, :P], pos[:, :P], m, cache, 0)
+  np.testing.assert_allclose(out, full[:, :P], atol=1e-5)
+  for t in range(P, T):
+    m = jnp.broadcast_to(jnp.arange(S) <= t, (2, 1, S))
+    out, cache = forward(params, CFG, toks[:, t:t + 1], pos[:, t:t + 1], m, cache, t)
+    np.testing.assert_allclose(out[:, 0], full[:, t], atol=1e-5)
+
+
+def test_packed_segments_equal_separate_rows(params):
+  a = jax.random.randint(jax.random.key(2), (1, 9), 3, 259)
+  b = jax.random.randint(jax.random.key(3), (1, 6), 3, 259)
+  lp_a = token_logprobs(params, CFG, a, jnp.arange(9)[None], jnp.ones_like(a))
+  lp_b = token_logprobs(params, CFG, b, jnp.arange(6)[None], jnp.ones_like(b))
+  packed = jnp.concatenate([a, b, jnp.zeros((1, 1), a.dtype)], 1)
+  pos = jnp.concatenate([jnp.arange(9), jnp.arange(6), jnp.zeros(1, int)])[None]
+  seg = jnp.array([[1] * 9 + [2] * 6 + [0]])
+  lp = token_logprobs(params, CFG, packed, pos, seg)
+  np.testing.assert_allclose(lp[0, :9], lp_a[0], atol=1e-5)
+  np.testing.assert_allclose(lp[0, 9:15], lp_b[0], atol=1e-5)
+  assert float(lp[0, 9]) == 0.0 and float(lp[0, 15]) == 0.0
+
+
+@pytest.mark.parametrize("mesh_cfg", [
+    parallel.MeshConfig(data=-1, rules="fsdp"),
+    parallel.MeshConfig(data=2, fsdp=2, tensor=2, rules="fsdp_tensor"),
+    parallel.MeshConfig(data=1, fsdp=-1, rules="fsdp"),
+])
+def test_sharded_forward_equals_single_device(params, mesh_cfg):
+  assert jax.device_count() == 8
+  mesh = parallel.make_mesh(mesh_cfg)
+  rules = parallel.RULE_SETS[mesh_cfg.rules]
+  shard = parallel.tree_shardings(param_axes(CFG), jax.tree.map(lambda x: x.shape, params),
+                                  mesh, rules)
+  sp = jax.device_put(params, shard)
+  toks = jax.random.randint(jax.random.key(4), (8, 16), 3, 259)
+  pos = jnp.tile(jnp.arange(16), (8, 1))
+  seg = jnp.ones_like(toks)
+  ref = token_logprobs(params, CFG, toks, pos, seg)
+  toks_s = jax.device_put(toks, parallel.batch_sharding(mesh, rules, 2))
+  got = jax.jit(lambda p, t: token_logprobs(p, CFG, t, pos, seg))(sp, toks_s)
+  np.testing.assert_allclose(got, ref, atol=1e-5)
+
+
+def test_mesh_errors():
+  with pytest.raises(ValueError, match="needs 6 devices"):
+    parallel.make_mesh(parallel.MeshConfig(data=3, fsdp=2))
+  with pytest.raises(ValueError, match="Unknown sharding rule set"):
+    parallel.MeshConfig(rules="zero3")
+
+
+def test_byte_vocab_and_chat_round_trip():
+  v = ByteVocab()
+  assert v.vocab_size == 259 and v.eos_id == 1
+  ids = v.encode("héllo \\boxed{4}")
+  assert min(ids) >= 3 and v.decode(ids) == "héllo \\boxed{4}"
+  chat = ChatTemplate(v)
+  p = chat.prompt("sys", "hi")
+  assert v.decode(p) == "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+  with pytest.raises(ValueError, match="Unknown chat role"):
+    chat.message("robot", "x")

@@ -1,8 +1,10 @@
-"""Qwen3-shaped decoder models, presets and vocabularies."""
+"""Qwen3 / Qwen3-MoE decoder models, presets, HF interop and vocabularies."""
 
-from spade_jax.models.config import ModelConfig, PRESETS, get_preset
+from spade_jax.models.config import ModelConfig, PRESETS, get_preset, preset_key
+from spade_jax.models.moe import load_balancing_loss
 from spade_jax.models.qwen3 import (forward, init_cache, init_params,
-                                    logits_from_hidden, param_axes,
-                                    param_shapes, segment_mask, token_logprobs)
+                                    layer_segments, logits_from_hidden,
+                                    num_params, param_axes, param_shapes,
+                                    segment_mask, token_logprobs)
 from spade_jax.models.vocab import ByteVocab
 from spade_jax.models.chat import ChatTemplate

@@ -1,7 +1,8 @@
 """Model hyperparameters and presets.
 
 `ModelConfig` is frozen and hashable so it can be a static argument of jitted
-functions. Presets are looked up by name with `get_preset`.
+functions. Presets are looked up by name with `get_preset`; the Qwen3 presets
+carry the published Hugging Face dimensions.
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ import dataclasses
 
 import jax.numpy as jnp
 
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+MOE_IMPLS = ("auto", "ragged", "blocked")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Qwen3-shaped decoder hyperparameters.
+  """Qwen3 / Qwen3-MoE decoder hyperparameters.
 
   Attributes:
     vocab_size: number of token ids the embedding covers.
@@ -22,13 +26,27 @@ class ModelConfig:
     num_heads: query heads.
     num_kv_heads: key/value heads (grouped-query attention).
     head_dim: per-head width.
-    mlp_dim: SwiGLU hidden width (HF `intermediate_size`).
+    mlp_dim: SwiGLU hidden width of dense layers (HF `intermediate_size`).
     rope_theta: RoPE base frequency.
     rms_eps: RMSNorm epsilon.
     tie_embeddings: share the input embedding with the output projection.
+    max_position_embeddings: context length the checkpoint was trained for
+      (metadata, exported to HF; the forward pass does not clip positions).
+    num_experts: experts per MoE layer; 0 makes every layer dense.
+    num_experts_per_tok: experts each token is routed to (top-k).
+    moe_mlp_dim: SwiGLU width of one expert (HF `moe_intermediate_size`).
+    norm_topk_prob: renormalise the top-k router probabilities to sum to one.
+    decoder_sparse_step: layer i is MoE when (i + 1) % step == 0 ...
+    mlp_only_layers: ... and i is not listed here (HF Qwen3-MoE semantics).
+    moe_impl: expert compute: "ragged" (`lax.ragged_dot`, native on TPU/GPU),
+      "blocked" (sorted dispatch into fixed-size row blocks, one expert per
+      block; exact and fast on CPU) or "auto" (blocked on CPU, else ragged).
     param_dtype: storage dtype of parameters.
     compute_dtype: dtype of activations and matmuls.
-    remat: rematerialise each layer in the backward pass ("none" | "full").
+    remat: rematerialisation of each layer in the backward pass: "none",
+      "full", "dots" (save matmul outputs) or "dots_no_batch".
+    scan_layers: apply layers with `lax.scan` (compile time independent of
+      depth); False unrolls them in Python.
   """
 
   vocab_size: int = 259
@@ -41,17 +59,46 @@ class ModelConfig:
   rope_theta: float = 1_000_000.0
   rms_eps: float = 1e-6
   tie_embeddings: bool = True
+  max_position_embeddings: int = 40960
+  num_experts: int = 0
+  num_experts_per_tok: int = 0
+  moe_mlp_dim: int = 0
+  norm_topk_prob: bool = False
+  decoder_sparse_step: int = 1
+  mlp_only_layers: tuple[int, ...] = ()
+  moe_impl: str = "auto"
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
   remat: str = "none"
+  scan_layers: bool = True
 
   def __post_init__(self):
+    # Config files may hand lists; keep the dataclass hashable.
+    object.__setattr__(self, "mlp_only_layers",
+                       tuple(int(i) for i in self.mlp_only_layers))
     if self.num_heads % self.num_kv_heads:
       raise ValueError(
           f"num_heads={self.num_heads} must be a multiple of "
           f"num_kv_heads={self.num_kv_heads} for grouped-query attention.")
-    if self.remat not in ("none", "full"):
-      raise ValueError(f"remat={self.remat!r}; expected 'none' or 'full'.")
+    if self.head_dim % 2:
+      raise ValueError(f"head_dim={self.head_dim} must be even for RoPE.")
+    if self.remat not in REMAT_POLICIES:
+      raise ValueError(f"remat={self.remat!r}; expected one of {REMAT_POLICIES}.")
+    if self.moe_impl not in MOE_IMPLS:
+      raise ValueError(f"moe_impl={self.moe_impl!r}; expected one of {MOE_IMPLS}.")
+    if self.num_experts < 0 or self.decoder_sparse_step < 1:
+      raise ValueError(f"num_experts={self.num_experts} must be >= 0 and "
+                       f"decoder_sparse_step={self.decoder_sparse_step} >= 1.")
+    if self.num_experts and not (
+        0 < self.num_experts_per_tok <= self.num_experts and self.moe_mlp_dim > 0):
+      raise ValueError(
+          f"An MoE config (num_experts={self.num_experts}) needs 0 < "
+          f"num_experts_per_tok <= num_experts (got {self.num_experts_per_tok}) "
+          f"and moe_mlp_dim > 0 (got {self.moe_mlp_dim}).")
+    bad = [i for i in self.mlp_only_layers if not 0 <= i < self.num_layers]
+    if bad:
+      raise ValueError(f"mlp_only_layers={self.mlp_only_layers} lists layers "
+                       f"{bad} outside [0, {self.num_layers}).")
     for name in ("param_dtype", "compute_dtype"):
       try:
         jnp.dtype(getattr(self, name))
@@ -63,18 +110,73 @@ class ModelConfig:
   def dtype(self):
     return jnp.dtype(self.compute_dtype)
 
+  @property
+  def layer_is_moe(self) -> tuple[bool, ...]:
+    """Per layer: True when its MLP is a sparse MoE block (HF placement rule)."""
+    return tuple(
+        self.num_experts > 0 and i not in self.mlp_only_layers
+        and (i + 1) % self.decoder_sparse_step == 0
+        for i in range(self.num_layers))
+
+  @property
+  def num_moe_layers(self) -> int:
+    return sum(self.layer_is_moe)
+
+  @property
+  def num_dense_layers(self) -> int:
+    return self.num_layers - self.num_moe_layers
+
+
+def _qwen3(**kw) -> ModelConfig:
+  base = dict(vocab_size=151936, head_dim=128, rope_theta=1_000_000.0,
+              max_position_embeddings=40960, param_dtype="bfloat16",
+              compute_dtype="bfloat16")
+  return ModelConfig(**{**base, **kw})
+
+
+_Q3_30B_A3B = dict(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4,
+                   mlp_dim=6144, num_experts=128, num_experts_per_tok=8,
+                   moe_mlp_dim=768, norm_topk_prob=True, tie_embeddings=False)
+_Q3_4B = dict(d_model=2560, num_layers=36, num_heads=32, num_kv_heads=8,
+              mlp_dim=9728, tie_embeddings=True)
 
 PRESETS: dict[str, ModelConfig] = {
     # Byte-level vocabulary (seqio.ByteVocabulary: 3 specials + 256 bytes).
     "tiny": ModelConfig(),
     "small": ModelConfig(d_model=256, num_layers=4, num_heads=8, num_kv_heads=4,
                          head_dim=32, mlp_dim=768),
+    # Tiny byte-level MoE for CPU tests and benchmarks.
+    "tiny_moe": ModelConfig(num_experts=8, num_experts_per_tok=2, moe_mlp_dim=64,
+                            norm_topk_prob=True),
+    # Published Qwen3 checkpoints (Hugging Face config.json dimensions).
+    "qwen3_0_6b": _qwen3(d_model=1024, num_layers=28, num_heads=16, num_kv_heads=8,
+                         mlp_dim=3072, tie_embeddings=True),
+    "qwen3_1_7b": _qwen3(d_model=2048, num_layers=28, num_heads=16, num_kv_heads=8,
+                         mlp_dim=6144, tie_embeddings=True),
+    "qwen3_4b": _qwen3(**_Q3_4B),
+    "qwen3_8b": _qwen3(d_model=4096, num_layers=36, num_heads=32, num_kv_heads=8,
+                       mlp_dim=12288, tie_embeddings=False),
+    "qwen3_14b": _qwen3(d_model=5120, num_layers=40, num_heads=40, num_kv_heads=8,
+                        mlp_dim=17408, tie_embeddings=False),
+    "qwen3_32b": _qwen3(d_model=5120, num_layers=64, num_heads=64, num_kv_heads=8,
+                        mlp_dim=25600, tie_embeddings=False),
+    "qwen3_30b_a3b": _qwen3(**_Q3_30B_A3B),
+    "qwen3_4b_instruct_2507": _qwen3(**_Q3_4B, rope_theta=5_000_000.0,
+                                     max_position_embeddings=262144),
+    "qwen3_30b_a3b_instruct_2507": _qwen3(**_Q3_30B_A3B, rope_theta=10_000_000.0,
+                                          max_position_embeddings=262144),
 }
 
 
+def preset_key(name: str) -> str:
+  """Normalises "Qwen3-30B-A3B-Instruct-2507" to "qwen3_30b_a3b_instruct_2507"."""
+  return name.split("/")[-1].lower().replace("-", "_").replace(".", "_")
+
+
 def get_preset(name: str, **overrides) -> ModelConfig:
-  """Returns the preset `name`, with optional field overrides."""
-  if name not in PRESETS:
+  """Returns the preset `name` (HF-style names accepted), with field overrides."""
+  key = preset_key(name)
+  if key not in PRESETS:
     raise ValueError(f"Unknown model preset {name!r}; valid presets: "
                      f"{sorted(PRESETS)}.")
-  return dataclasses.replace(PRESETS[name], **overrides)
+  return dataclasses.replace(PRESETS[key], **overrides)

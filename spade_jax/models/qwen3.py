@@ -1,45 +1,73 @@
-"""Qwen3-shaped decoder as pure functions over a parameter pytree.
+"""Qwen3 / Qwen3-MoE decoder as pure functions over a parameter pytree.
 
-Parameters are a plain nested dict; layer weights are stacked on a leading
-`layers` axis and applied with `lax.scan`, so compile time does not grow with
-depth. `param_axes` returns the matching tree of logical axis names that
-`spade_jax.parallel` maps to mesh axes.
+Parameters are a plain nested dict. Per-layer weights are stacked on a leading
+`layers` axis, in three stacks:
+
+- `layers`: attention and norms of every layer, [L, ...];
+- `mlp`: dense SwiGLU weights of the dense layers only, [L_dense, ...];
+- `moe`: router and expert weights of the MoE layers only, [L_moe, ...].
+
+Which layer is MoE follows HF Qwen3-MoE (`decoder_sparse_step`,
+`mlp_only_layers`). The forward pass splits the layer sequence into segments
+(`layer_segments`): a periodic pattern (all dense, all MoE, or e.g. dense/MoE
+alternating) is one segment whose period of layers is the body of one
+`lax.scan`; irregular placements fall back to one scan per run of equal
+layers. Compile time therefore does not grow with depth for every published
+configuration. `param_axes` returns the matching tree of logical axis names
+that `spade_jax.parallel` maps to mesh axes.
 
 Einsum letters used throughout: B batch, T query length, S key length,
 D d_model, H query heads, K kv heads, G query heads per kv head, E head_dim,
-F mlp width, V vocab, L layers.
+F mlp width, V vocab, L layers, X experts.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from spade_jax.models.config import ModelConfig
+from spade_jax.models.moe import moe_mlp
+from spade_jax.parallel import constrain
 
 Params = dict[str, Any]
 # Large negative used instead of -inf so fully masked rows stay finite.
 _MASK_VALUE = -1e30
+_REMAT = {
+    "full": None,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
 
 
 def param_axes(cfg: ModelConfig) -> Params:
   """Logical axis names for every parameter, same tree as `init_params`."""
-  layers = {
-      "attn_norm": ("layers", "norm"),
-      "q": ("layers", "embed", "heads", "head_dim"),
-      "k": ("layers", "embed", "kv_heads", "head_dim"),
-      "v": ("layers", "embed", "kv_heads", "head_dim"),
-      "o": ("layers", "heads", "head_dim", "embed"),
-      "q_norm": ("layers", "norm"),
-      "k_norm": ("layers", "norm"),
-      "mlp_norm": ("layers", "norm"),
-      "gate": ("layers", "embed", "mlp"),
-      "up": ("layers", "embed", "mlp"),
-      "down": ("layers", "mlp", "embed"),
+  axes: Params = {
+      "embed": ("vocab", "embed"),
+      "layers": {
+          "attn_norm": ("layers", "norm"),
+          "q": ("layers", "embed", "heads", "head_dim"),
+          "k": ("layers", "embed", "kv_heads", "head_dim"),
+          "v": ("layers", "embed", "kv_heads", "head_dim"),
+          "o": ("layers", "heads", "head_dim", "embed"),
+          "q_norm": ("layers", "norm"),
+          "k_norm": ("layers", "norm"),
+          "mlp_norm": ("layers", "norm"),
+      },
+      "final_norm": ("norm",),
   }
-  axes = {"embed": ("vocab", "embed"), "layers": layers, "final_norm": ("norm",)}
+  if cfg.num_dense_layers:
+    axes["mlp"] = {"gate": ("layers", "embed", "mlp"),
+                   "up": ("layers", "embed", "mlp"),
+                   "down": ("layers", "mlp", "embed")}
+  if cfg.num_moe_layers:
+    axes["moe"] = {"router": ("layers", "embed", "router"),
+                   "gate": ("layers", "expert", "embed", "moe_mlp"),
+                   "up": ("layers", "expert", "embed", "moe_mlp"),
+                   "down": ("layers", "expert", "moe_mlp", "embed")}
   if not cfg.tie_embeddings:
     axes["lm_head"] = ("embed", "vocab")
   return axes
@@ -47,32 +75,45 @@ def param_axes(cfg: ModelConfig) -> Params:
 
 def param_shapes(cfg: ModelConfig) -> Params:
   """Shapes of every parameter, same tree as `init_params`."""
-  L, D, H, K, E, F, V = (cfg.num_layers, cfg.d_model, cfg.num_heads,
-                         cfg.num_kv_heads, cfg.head_dim, cfg.mlp_dim,
-                         cfg.vocab_size)
-  layers = {
-      "attn_norm": (L, D), "q": (L, D, H, E), "k": (L, D, K, E),
-      "v": (L, D, K, E), "o": (L, H, E, D), "q_norm": (L, E), "k_norm": (L, E),
-      "mlp_norm": (L, D), "gate": (L, D, F), "up": (L, D, F), "down": (L, F, D),
+  L, D, H, K, E, V = (cfg.num_layers, cfg.d_model, cfg.num_heads,
+                      cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size)
+  shapes: Params = {
+      "embed": (V, D),
+      "layers": {
+          "attn_norm": (L, D), "q": (L, D, H, E), "k": (L, D, K, E),
+          "v": (L, D, K, E), "o": (L, H, E, D), "q_norm": (L, E),
+          "k_norm": (L, E), "mlp_norm": (L, D),
+      },
+      "final_norm": (D,),
   }
-  shapes = {"embed": (V, D), "layers": layers, "final_norm": (D,)}
+  Ld, Lm, F, X, Fm = (cfg.num_dense_layers, cfg.num_moe_layers, cfg.mlp_dim,
+                      cfg.num_experts, cfg.moe_mlp_dim)
+  if Ld:
+    shapes["mlp"] = {"gate": (Ld, D, F), "up": (Ld, D, F), "down": (Ld, F, D)}
+  if Lm:
+    shapes["moe"] = {"router": (Lm, D, X), "gate": (Lm, X, D, Fm),
+                     "up": (Lm, X, D, Fm), "down": (Lm, X, Fm, D)}
   if not cfg.tie_embeddings:
     shapes["lm_head"] = (D, V)
   return shapes
 
 
+def num_params(cfg: ModelConfig) -> int:
+  """Total parameter count (tied embeddings counted once)."""
+  return sum(math.prod(s) for s in jax.tree.leaves(
+      param_shapes(cfg), is_leaf=lambda x: isinstance(x, tuple)))
+
+
 def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
   """Random parameters (normal, std 0.02; norms at one)."""
   shapes = param_shapes(cfg)
-  leaves, treedef = jax.tree.flatten(
-      shapes, is_leaf=lambda x: isinstance(x, tuple))
-  paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(
-      shapes, is_leaf=lambda x: isinstance(x, tuple))[0]]
-  keys = jax.random.split(key, len(leaves))
+  is_leaf = lambda x: isinstance(x, tuple)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=is_leaf)
+  keys = jax.random.split(key, len(flat))
   dtype = jnp.dtype(cfg.param_dtype)
   out = []
-  for path, shape, k in zip(paths, leaves, keys):
-    if "norm" in path:
+  for (path, shape), k in zip(flat, keys):
+    if "norm" in jax.tree_util.keystr(path):
       out.append(jnp.ones(shape, dtype))
     else:
       out.append((0.02 * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
@@ -112,13 +153,16 @@ def _attention(q, k, v, mask, cfg: ModelConfig):
   return out.reshape(B, T, H, E)
 
 
-def _layer(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelConfig):
-  """One decoder layer. Returns (x, (k_all, v_all)) with the layer's keys/values."""
+def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelConfig):
+  """Pre-norm attention with residual. x: [B, T, D] -> (x, (k, v) as stored)."""
   dt = cfg.dtype
   h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
   q = jnp.einsum("btd,dhe->bthe", h, lp["q"].astype(dt))
   k = jnp.einsum("btd,dke->btke", h, lp["k"].astype(dt))
   v = jnp.einsum("btd,dke->btke", h, lp["v"].astype(dt))
+  q = constrain(q, ("batch", "length", "heads", "head_dim"))
+  k = constrain(k, ("batch", "length", "kv_heads", "head_dim"))
+  v = constrain(v, ("batch", "length", "kv_heads", "head_dim"))
   q = rope(rms_norm(q, lp["q_norm"], cfg.rms_eps), positions, cfg.rope_theta)
   k = rope(rms_norm(k, lp["k_norm"], cfg.rms_eps), positions, cfg.rope_theta)
   if cache_kv is not None:
@@ -127,18 +171,51 @@ def _layer(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelConfig):
     v = jax.lax.dynamic_update_slice_in_dim(cv, v.astype(cv.dtype), cache_index, axis=1)
   attn = _attention(q, k.astype(dt), v.astype(dt), mask, cfg)
   x = x + jnp.einsum("bthe,hed->btd", attn, lp["o"].astype(dt))
-  h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
-  gate = jnp.einsum("btd,df->btf", h, lp["gate"].astype(dt))
-  up = jnp.einsum("btd,df->btf", h, lp["up"].astype(dt))
-  x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, lp["down"].astype(dt))
-  return x, (k, v)
+  return constrain(x, ("batch", "length", "embed")), (k, v)
+
+
+def _dense_mlp(h, mp, cfg: ModelConfig):
+  """SwiGLU MLP. h: [B, T, D] -> [B, T, D]."""
+  dt = cfg.dtype
+  gate = jnp.einsum("btd,df->btf", h, mp["gate"].astype(dt))
+  up = jnp.einsum("btd,df->btf", h, mp["up"].astype(dt))
+  act = constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+  return jnp.einsum("btf,fd->btd", act, mp["down"].astype(dt))
+
+
+def layer_segments(cfg: ModelConfig) -> list[tuple[tuple[bool, ...], int]]:
+  """Splits the layer kinds (True = MoE) into (pattern, repeats) segments.
+
+  A sequence with a short period (<= 4 layers) is one segment; otherwise each
+  run of equal layers is its own segment.
+  """
+  kinds = cfg.layer_is_moe
+  L = len(kinds)
+  for p in range(1, min(4, L) + 1):
+    if L % p == 0 and kinds == kinds[:p] * (L // p):
+      return [(kinds[:p], L // p)]
+  segs: list[tuple[tuple[bool, ...], int]] = []
+  for kind in kinds:
+    if segs and segs[-1][0] == (kind,):
+      segs[-1] = ((kind,), segs[-1][1] + 1)
+    else:
+      segs.append(((kind,), 1))
+  return segs
+
+
+def _group(tree, start: int, repeats: int, per: int):
+  """Slices [start, start + repeats * per) of every stacked leaf -> [R, per, ...]."""
+  return jax.tree.map(
+      lambda a: a[start:start + repeats * per].reshape(repeats, per, *a.shape[1:]),
+      tree)
 
 
 def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
             positions: jax.Array, mask: jax.Array,
             cache: dict[str, jax.Array] | None = None,
             cache_index: jax.Array | int = 0,
-            return_hidden: bool = False):
+            return_hidden: bool = False,
+            return_router_logits: bool = False):
   """Runs the decoder.
 
   Args:
@@ -152,44 +229,92 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
       written at `cache_index` along S before attending.
     cache_index: scalar start index of this chunk in the cache.
     return_hidden: return final hidden states [B, T, D] instead of logits.
+    return_router_logits: also return the MoE router logits
+      [L_moe, B, T, X] (for `load_balancing_loss`) as a third output.
 
   Returns:
-    (logits [B, T, V] float32 (or hidden [B, T, D]), updated cache or None).
+    (logits [B, T, V] float32 (or hidden [B, T, D]), updated cache or None)
+    and, when requested, router logits.
   """
   x = params["embed"].astype(cfg.dtype)[tokens]
+  x = constrain(x, ("batch", "length", "embed"))
+  has_cache = cache is not None
+  ck_all = cache["k"] if has_cache else None
+  cv_all = cache["v"] if has_cache else None
+  router_logits = []
+  li = di = mi = 0  # first layer / dense layer / MoE layer of the segment
+  for pattern, repeats in layer_segments(cfg):
+    nd, nm = pattern.count(False), pattern.count(True)
+    xs = {"attn": _group(params["layers"], li, repeats, len(pattern))}
+    if nd:
+      xs["mlp"] = _group(params["mlp"], di, repeats, nd)
+    if nm:
+      xs["moe"] = _group(params["moe"], mi, repeats, nm)
 
-  def body(carry, lp):
-    x, i, ck_all, cv_all = carry
-    if ck_all is None:
-      x, _ = _layer(x, lp, positions, mask, None, None, cfg)
-      return (x, i + 1, None, None), None
-    ck = jax.lax.dynamic_index_in_dim(ck_all, i, 0, keepdims=False)
-    cv = jax.lax.dynamic_index_in_dim(cv_all, i, 0, keepdims=False)
-    x, (k, v) = _layer(x, lp, positions, mask, (ck, cv), cache_index, cfg)
-    ck_all = jax.lax.dynamic_update_index_in_dim(ck_all, k, i, 0)
-    cv_all = jax.lax.dynamic_update_index_in_dim(cv_all, v, i, 0)
-    return (x, i + 1, ck_all, cv_all), None
+    def group(carry, gp, pattern=pattern):
+      x, i, ck_all, cv_all = carry
+      logits_out = []
+      d = m = 0
+      for j, is_moe in enumerate(pattern):
+        lp = jax.tree.map(lambda a, j=j: a[j], gp["attn"])
+        if has_cache:
+          ck = jax.lax.dynamic_index_in_dim(ck_all, i, 0, keepdims=False)
+          cv = jax.lax.dynamic_index_in_dim(cv_all, i, 0, keepdims=False)
+          x, (k, v) = _attention_block(x, lp, positions, mask, (ck, cv),
+                                       cache_index, cfg)
+          ck_all = jax.lax.dynamic_update_index_in_dim(ck_all, k, i, 0)
+          cv_all = jax.lax.dynamic_update_index_in_dim(cv_all, v, i, 0)
+        else:
+          x, _ = _attention_block(x, lp, positions, mask, None, None, cfg)
+        h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
+        if is_moe:
+          out, rl = moe_mlp(h, jax.tree.map(lambda a, m=m: a[m], gp["moe"]), cfg)
+          logits_out.append(rl)
+          m += 1
+        else:
+          out = _dense_mlp(h, jax.tree.map(lambda a, d=d: a[d], gp["mlp"]), cfg)
+          d += 1
+        x = constrain(x + out, ("batch", "length", "embed"))
+        i = i + 1
+      ys = jnp.stack(logits_out) if (logits_out and return_router_logits) else None
+      return (x, i, ck_all, cv_all), ys
 
-  if cfg.remat == "full":
-    body = jax.checkpoint(body)
-  ck0 = cache["k"] if cache is not None else None
-  cv0 = cache["v"] if cache is not None else None
-  (x, _, ck, cv), _ = jax.lax.scan(body, (x, jnp.int32(0), ck0, cv0),
-                                   params["layers"])
+    if cfg.remat != "none":
+      group = jax.checkpoint(group, policy=_REMAT[cfg.remat])
+    carry = (x, jnp.int32(li) if cfg.scan_layers else li, ck_all, cv_all)
+    if cfg.scan_layers:
+      carry, ys = jax.lax.scan(group, carry, xs)
+    else:
+      outs = []
+      for r in range(repeats):
+        carry, y = group(carry, jax.tree.map(lambda a, r=r: a[r], xs))
+        outs.append(y)
+      ys = jnp.stack(outs) if outs[0] is not None else None
+    x, _, ck_all, cv_all = carry
+    if ys is not None:
+      router_logits.append(ys.reshape(-1, *ys.shape[2:]))
+    li += repeats * len(pattern)
+    di += repeats * nd
+    mi += repeats * nm
   x = rms_norm(x, params["final_norm"], cfg.rms_eps)
-  new_cache = {"k": ck, "v": cv} if cache is not None else None
-  if return_hidden:
-    return x, new_cache
-  return logits_from_hidden(params, cfg, x), new_cache
+  new_cache = {"k": ck_all, "v": cv_all} if has_cache else None
+  out = x if return_hidden else logits_from_hidden(params, cfg, x)
+  if not return_router_logits:
+    return out, new_cache
+  rl = (jnp.concatenate(router_logits) if router_logits else
+        jnp.zeros((0, *tokens.shape, max(cfg.num_experts, 1)), cfg.dtype))
+  return out, new_cache, rl
 
 
 def logits_from_hidden(params: Params, cfg: ModelConfig, x: jax.Array) -> jax.Array:
   """[B, T, D] hidden -> [B, T, V] float32 logits."""
   if cfg.tie_embeddings:
     w = params["embed"].astype(cfg.dtype)
-    return jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
-  w = params["lm_head"].astype(cfg.dtype)
-  return jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+    logits = jnp.einsum("btd,vd->btv", x, w, preferred_element_type=jnp.float32)
+  else:
+    w = params["lm_head"].astype(cfg.dtype)
+    logits = jnp.einsum("btd,dv->btv", x, w, preferred_element_type=jnp.float32)
+  return constrain(logits, ("batch", "length", "vocab"))
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int,

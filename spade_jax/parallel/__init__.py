@@ -1,6 +1,7 @@
 """Mesh construction, logical-axis rules and multi-host initialisation."""
 
 from spade_jax.parallel.mesh import (MESH_AXES, RULE_SETS, MeshConfig,
-                                     batch_divisor, batch_sharding,
+                                     activation_sharding, batch_divisor,
+                                     batch_sharding, constrain,
                                      initialize_distributed, logical_to_spec,
                                      make_mesh, tree_shardings)

@@ -2,11 +2,16 @@
 
 Model code names logical axes ("batch", "embed", "heads", ...). A rule set maps
 each logical axis to a mesh axis (or a tuple of them, or None = replicated).
-Switching FSDP / tensor parallelism is a config edit: pick another rule set.
+Switching FSDP / tensor / expert parallelism is a config edit: pick another
+rule set. The same rules place activations: model code calls `constrain` with
+logical names, which applies `with_sharding_constraint` while an
+`activation_sharding(mesh, rules)` context is active and does nothing otherwise.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
 from typing import Any, Sequence
@@ -16,23 +21,37 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 Rules = tuple[tuple[str, Any], ...]
 
 RULE_SETS: dict[str, Rules] = {
-    "replicated": (("batch", ("data", "fsdp")),),
+    "replicated": (("batch", ("data", "fsdp", "expert")),),
+    # Parameters split over `fsdp` along their model width; batch over everything.
     "fsdp": (
-        ("batch", ("data", "fsdp")),
+        ("batch", ("data", "fsdp", "expert")),
         ("embed", "fsdp"),
         ("vocab", None),
     ),
+    # Megatron-style tensor parallelism on heads / MLP width / vocab, plus FSDP.
     "fsdp_tensor": (
-        ("batch", ("data", "fsdp")),
+        ("batch", ("data", "fsdp", "expert")),
         ("embed", "fsdp"),
         ("heads", "tensor"),
         ("kv_heads", "tensor"),
         ("mlp", "tensor"),
+        ("moe_mlp", "tensor"),
+        ("vocab", "tensor"),
+    ),
+    # As fsdp_tensor, with whole experts placed on the `expert` axis.
+    "fsdp_tensor_expert": (
+        ("batch", ("data", "fsdp", "expert")),
+        ("expert", "expert"),
+        ("embed", "fsdp"),
+        ("heads", "tensor"),
+        ("kv_heads", "tensor"),
+        ("mlp", "tensor"),
+        ("moe_mlp", "tensor"),
         ("vocab", "tensor"),
     ),
 }
@@ -43,14 +62,15 @@ class MeshConfig:
   """Mesh shape and sharding rule set.
 
   Attributes:
-    data, fsdp, tensor: mesh axis sizes; exactly one may be -1 meaning "all
-      remaining devices".
+    data, fsdp, tensor, expert: mesh axis sizes; at most one may be -1
+      meaning "all remaining devices".
     rules: name of a rule set in `RULE_SETS`.
   """
 
   data: int = -1
   fsdp: int = 1
   tensor: int = 1
+  expert: int = 1
   rules: str = "fsdp"
 
   def __post_init__(self):
@@ -60,9 +80,9 @@ class MeshConfig:
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """Builds a mesh with axes ("data", "fsdp", "tensor") from `cfg`."""
+  """Builds a mesh with axes ("data", "fsdp", "tensor", "expert") from `cfg`."""
   devices = list(devices if devices is not None else jax.devices())
-  sizes = [cfg.data, cfg.fsdp, cfg.tensor]
+  sizes = [cfg.data, cfg.fsdp, cfg.tensor, cfg.expert]
   if sizes.count(-1) > 1:
     raise ValueError(f"Only one mesh axis may be -1, got {dict(zip(MESH_AXES, sizes))}.")
   known = math.prod(s for s in sizes if s != -1)
@@ -95,7 +115,7 @@ def logical_to_spec(axes: Sequence[str | None], shape: Sequence[int],
       spec.append(None)
       continue
     names = (target,) if isinstance(target, str) else tuple(target)
-    names = tuple(n for n in names if n not in used and mesh.shape[n] > 1)
+    names = tuple(n for n in names if n not in used and mesh.shape.get(n, 1) > 1)
     size = math.prod(mesh.shape[n] for n in names) if names else 1
     if not names or dim % size:
       if names and dim % size:
@@ -141,3 +161,34 @@ def initialize_distributed() -> None:
     jax.distributed.initialize()
   except (ValueError, RuntimeError) as e:  # single host: nothing to join
     logging.info("jax.distributed.initialize skipped: %s", e)
+
+
+_ACTIVE: contextvars.ContextVar[tuple[Mesh, Rules] | None] = contextvars.ContextVar(
+    "spade_jax_activation_sharding", default=None)
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, rules: Rules):
+  """Within this context, `constrain` places activations by `rules` on `mesh`.
+
+  Enter it around the call that traces a jitted function (constraints are
+  baked in at trace time).
+  """
+  token = _ACTIVE.set((mesh, rules))
+  try:
+    yield
+  finally:
+    _ACTIVE.reset(token)
+
+
+def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:
+  """`with_sharding_constraint` by logical axis names; identity outside a context."""
+  active = _ACTIVE.get()
+  if active is None:
+    return x
+  mesh, rules = active
+  if len(axes) != x.ndim:
+    raise ValueError(f"constrain: {len(axes)} axis names {tuple(axes)} for an array "
+                     f"of rank {x.ndim} (shape {x.shape}).")
+  spec = logical_to_spec(axes, x.shape, mesh, rules)
+  return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))

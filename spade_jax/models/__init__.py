@@ -8,3 +8,5 @@ from spade_jax.models.qwen3 import (forward, init_cache, init_params,
                                     segment_mask, token_logprobs)
 from spade_jax.models.vocab import ByteVocab
 from spade_jax.models.chat import ChatTemplate
+from spade_jax.models.hf import (config_from_hf, config_to_hf, copy_tokenizer_files,
+                                 load_hf, read_hf_config, save_hf)

@@ -1,0 +1,434 @@
+"""KV-cache decode engine: fixed slots, chunked extend, while-loop decode.
+
+The engine holds one KV cache of `slots` rows and `max_len` entries. Every row
+is an independent conversation; three compiled programs advance it:
+
+* **extend** (prefill / continuation): writes a chunk of new tokens for any
+  subset of rows at the shared write pointer and computes each row's
+  next-token logits. A first prompt, an environment observation appended
+  after a turn, and a waiting request taking a freed slot are all extends;
+  history already in the cache is never recomputed.
+* **decode**: a `lax.while_loop` that samples one token per active row per
+  step, writes it to the cache and stops when every active row has stopped
+  (EOS id or its own token budget), or when a row finishes and the caller
+  asked to refill slots.
+* **compact**: moves each row's live entries to the front of the cache when
+  the write pointer would run past the end.
+
+All rows write at the same cache index each step (the model's cache API takes
+one index); rows that have nothing to write there mark the entry invalid.
+Attention reads cache entries only through the per-row validity mask and every
+entry's RoPE position is applied when it is written, so where an entry sits in
+the cache never changes the result, which is what makes `compact` exact.
+
+The cache (bf16 by default; fp32 for exactness checks) is donated to each
+program, so it is updated in place. On a mesh, rows are sharded over the batch
+axes of the rule set and kv heads over "tensor". `set_params` takes a new
+parameter tree and reshards it device to device onto the engine's layout.
+
+Compiled programs: one extend per chunk-length bucket, one decode per
+step-count bucket, one compact; `programs` lists them.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable, Sequence
+
+from absl import logging
+import flax
+import jax
+import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding
+import numpy as np
+
+from spade_jax import parallel
+from spade_jax.models import (ModelConfig, forward, init_cache, logits_from_hidden,
+                              param_axes, param_shapes)
+from spade_jax.sampling.rules import SamplingConfig, draw, is_stop
+
+CACHE_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+  """Smallest power of two >= max(n, minimum)."""
+  return max(minimum, 1 << max(0, int(n) - 1).bit_length())
+
+
+@flax.struct.dataclass
+class DecodeState:
+  """Device-side state of every slot.
+
+  Attributes:
+    cache: {"k", "v"}: [L, B, S, K, E].
+    valid: [B, S] bool, True on cache entries that belong to the row.
+    lengths: [B] int32 tokens in each row (the next RoPE position).
+    logits: [B, V] float32 next-token logits of each row.
+    keys: [B] per-row PRNG keys (draws use fold_in(key, position)).
+  """
+
+  cache: dict[str, jax.Array]
+  valid: jax.Array
+  lengths: jax.Array
+  logits: jax.Array
+  keys: jax.Array
+
+
+def init_state(cfg: ModelConfig, slots: int, max_len: int, cache_dtype: str) -> DecodeState:
+  """Empty state for `slots` rows of `max_len` cache entries."""
+  return DecodeState(
+      cache=init_cache(cfg, slots, max_len, cache_dtype),
+      valid=jnp.zeros((slots, max_len), bool),
+      lengths=jnp.zeros((slots,), jnp.int32),
+      logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
+      keys=jax.random.split(jax.random.key(0), slots))
+
+
+def extend_step(params, state: DecodeState, ptr, tokens, tok_valid, reset, new_keys, *,
+                cfg: ModelConfig) -> DecodeState:
+  """Appends a chunk of tokens to some rows.
+
+  Args:
+    params: model parameters.
+    state: current state.
+    ptr: scalar int32 write index; entries >= ptr are invalid in every row.
+    tokens: [B, T] int32, each row's new tokens left padded (ptr + T <= S).
+    tok_valid: [B, T] bool, True on real tokens (a suffix of each row).
+    reset: [B] bool, rows that start a new conversation (history dropped and
+      key replaced by `new_keys`) before the chunk is appended.
+    new_keys: [B] keys used where `reset`.
+
+  Returns:
+    The state with the chunk in the cache; rows with at least one token get
+    the logits after their last token.
+  """
+  B, T = tokens.shape
+  valid = state.valid & ~reset[:, None]
+  lengths = jnp.where(reset, 0, state.lengths)
+  keys = jnp.where(reset[:, None], jax.random.key_data(new_keys),
+                   jax.random.key_data(state.keys))
+  keys = jax.random.wrap_key_data(keys)
+  positions = lengths[:, None] + jnp.maximum(jnp.cumsum(tok_valid, axis=1) - 1, 0)
+  valid = jax.lax.dynamic_update_slice(valid, tok_valid, (0, ptr))
+  S = valid.shape[1]
+  causal = jnp.arange(S)[None, None, :] <= ptr + jnp.arange(T)[None, :, None]
+  mask = valid[:, None, :] & causal
+  hidden, cache = forward(params, cfg, tokens, positions.astype(jnp.int32), mask,
+                          state.cache, ptr, return_hidden=True)
+  last = logits_from_hidden(params, cfg, hidden[:, -1:])[:, 0]
+  has = tok_valid.any(axis=1)
+  return DecodeState(cache=cache, valid=valid,
+                     lengths=lengths + tok_valid.sum(axis=1, dtype=jnp.int32),
+                     logits=jnp.where(has[:, None], last, state.logits), keys=keys)
+
+
+def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish, *,
+                cfg: ModelConfig, rule: SamplingConfig, steps: int):
+  """Samples up to `steps` tokens for every active row.
+
+  Args:
+    state: current state; active rows' `logits` must be fresh.
+    ptr: scalar write index of the first step.
+    active: [B] bool rows to decode.
+    budget: [B] int32 maximum tokens per row in this call (<= steps).
+    stop_on_finish: scalar bool; leave the loop as soon as any row stops.
+
+  Returns:
+    (state, tokens [B, steps] int32 (pad after a row stopped), logprobs
+    [B, steps] float32 under the raw model, hit_eos [B] bool, steps_run
+    scalar int32). Row b's i-th token is at cache index
+    ptr + i.
+  """
+  B = active.shape[0]
+  done0 = ~active | (budget <= 0)
+
+  def cond(c):
+    step, _, done, _, _, _, finished_any = c
+    return (step < steps) & ~jnp.all(done) & ~(stop_on_finish & finished_any)
+
+  def body(c):
+    step, st, done, toks, logps, eos, _ = c
+    tok = draw(st.logits, st.keys, st.lengths, rule)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(st.logits, axis=-1), tok[:, None], 1)[:, 0]
+    emit = ~done
+    tok = jnp.where(emit, tok, rule.pad_id)
+    toks = jax.lax.dynamic_update_index_in_dim(toks, tok, step, 1)
+    logps = jax.lax.dynamic_update_index_in_dim(logps, jnp.where(emit, logp, 0.0), step, 1)
+    idx = ptr + step
+    valid = jax.lax.dynamic_update_slice(st.valid, emit[:, None], (0, idx))
+    logits, cache = forward(params, cfg, tok[:, None], st.lengths[:, None],
+                            valid[:, None, :], st.cache, idx)
+    hit = emit & is_stop(tok, rule)
+    eos = eos | hit
+    counts_after = step + 1  # every emitting row has emitted step + 1 tokens
+    newly = emit & (hit | (counts_after >= budget))
+    st = DecodeState(cache=cache, valid=valid, lengths=st.lengths + emit,
+                     logits=jnp.where(emit[:, None], logits[:, 0], st.logits), keys=st.keys)
+    return step + 1, st, done | newly, toks, logps, eos, jnp.any(newly)
+
+  carry = (jnp.int32(0), state, done0, jnp.full((B, steps), rule.pad_id, jnp.int32),
+           jnp.zeros((B, steps), jnp.float32), jnp.zeros((B,), bool), jnp.bool_(False))
+  n, state, _, toks, logps, eos, _ = jax.lax.while_loop(cond, body, carry)
+  return state, toks, logps, eos, n
+
+
+def compact_step(state: DecodeState) -> DecodeState:
+  """Moves every row's valid entries to the front of the cache, in order."""
+  order = jnp.argsort(~state.valid, axis=1, stable=True)  # valid first, original order
+  counts = state.valid.sum(axis=1)
+  S = state.valid.shape[1]
+  valid = jnp.arange(S)[None, :] < counts[:, None]
+  idx = order[None, :, :, None, None]
+  cache = {n: jnp.take_along_axis(c, idx, axis=2) for n, c in state.cache.items()}
+  return state.replace(cache=cache, valid=valid)
+
+
+def truncate_step(state: DecodeState, start, keep, drop) -> DecodeState:
+  """Drops generated tokens: row b keeps `keep[b]` tokens written from `start`, drops `drop[b]`."""
+  S = state.valid.shape[1]
+  s = jnp.arange(S)[None, :]
+  cut = (s >= start + keep[:, None]) & (s < start + keep[:, None] + drop[:, None])
+  return state.replace(valid=state.valid & ~cut, lengths=state.lengths - drop)
+
+
+class Engine:
+  """Fixed-slot KV-cache sampler with multi-turn continuation and slot refill.
+
+  Host-side bookkeeping lives here (write pointer, which rows have fresh
+  logits); all arrays stay on device between calls.
+
+  Args:
+    cfg: model config.
+    params: model parameters (any layout; resharded onto the engine's).
+    slots: number of rows (rounded up to a multiple of the batch shards).
+    max_len: cache entries per row (rounded up to a multiple of 16); bounds one
+      row's live tokens.
+    rule: sampling rule (static: a new rule compiles new decode programs).
+    mesh, rules: optional mesh and logical-axis rule set; without them the
+      engine runs on the default device.
+    cache_dtype: KV cache dtype; default the model's compute dtype (bfloat16 for
+      the real presets; "float32" for exactness checks).
+    chunk: decode steps per host round trip when stop strings are set.
+    detokenize: ids -> text, needed for stop strings.
+  """
+
+  def __init__(self, cfg: ModelConfig, params, *, slots: int, max_len: int,
+               rule: SamplingConfig, mesh: Mesh | None = None, rules=None,
+               cache_dtype: str | None = None, chunk: int = 64,
+               detokenize: Callable[[Sequence[int]], str] | None = None):
+    if rule.stop and detokenize is None:
+      raise ValueError(f"rule.stop={rule.stop!r} needs a detokenizer: pass "
+                       "detokenize=vocab.decode.")
+    self.cfg, self.rule, self.chunk, self.detokenize = cfg, rule, chunk, detokenize
+    self._device_rule = rule.without_stop_strings()
+    self.mesh, self.rules = mesh, rules
+    div = parallel.batch_divisor(mesh, rules) if mesh is not None else 1
+    self.slots = -(-slots // div) * div
+    self.max_len = -(-int(max_len) // 16) * 16
+    self.cache_dtype = cache_dtype or cfg.compute_dtype
+    self.ptr = 0
+    self.fresh = np.zeros(self.slots, bool)  # rows whose logits follow their last token
+    self.programs: set[tuple] = set()
+    self._param_shardings = self._state_shardings = None
+    if mesh is not None:
+      self._param_shardings = parallel.tree_shardings(
+          param_axes(cfg), param_shapes(cfg), mesh, rules)
+      spec = lambda axes, shape: NamedSharding(
+          mesh, parallel.logical_to_spec(axes, shape, mesh, rules))
+      B, S = self.slots, self.max_len
+      cshape = (cfg.num_layers, B, S, cfg.num_kv_heads, cfg.head_dim)
+      self._state_shardings = (
+          spec(CACHE_AXES, cshape), spec(("batch", "length"), (B, S)), spec(("batch",), (B,)),
+          spec(("batch", "vocab"), (B, cfg.vocab_size)), spec(("batch",), (B,)))
+    (self._init, self._extend, self._decode, self._compact,
+     self._truncate) = _programs(self._state_shardings)
+    self.params = None
+    self.set_params(params)
+    self.state = self._init(cfg, self.slots, self.max_len, self.cache_dtype)
+
+  # -- parameters ---------------------------------------------------------------
+  def set_params(self, params) -> None:
+    """Takes new parameters (e.g. after a train step), resharding on device if needed."""
+    if self._param_shardings is not None:
+      params = jax.device_put(params, self._param_shardings)
+    self.params = params
+
+  # -- bookkeeping ----------------------------------------------------------------
+  def _log_program(self, kind: str, *shape) -> None:
+    key = (kind, *shape)
+    if key not in self.programs:
+      self.programs.add(key)
+      _register_program(key + (self.cfg, self.slots, self.max_len, self.cache_dtype))
+      logging.info("sampler: compiling %s %s (slots=%d, cache=%d; %d programs here)",
+                   kind, shape, self.slots, self.max_len, len(self.programs))
+
+  def _ensure_room(self, need: int) -> None:
+    if self.ptr + need <= self.max_len:
+      return
+    self._log_program("compact")
+    self.state = self._compact(self.state)
+    live = int(jax.device_get(self.state.valid.sum(axis=1).max()))
+    self.ptr = live
+    if self.ptr + need > self.max_len:
+      raise ValueError(
+          f"A row holds {live} live tokens and needs {need} more, beyond the cache's "
+          f"{self.max_len} entries. Raise max_len or end the row (release it).")
+
+  # -- public API -------------------------------------------------------------------
+  def extend(self, chunks: dict[int, Sequence[int]],
+             starts: dict[int, jax.Array] | None = None) -> None:
+    """Appends tokens to rows; `starts` rows begin a new conversation with that key.
+
+    Args:
+      chunks: slot -> new token ids (at least one each).
+      starts: slot -> PRNG key for rows whose history is dropped first.
+    """
+    starts = starts or {}
+    for b in starts:
+      if b not in chunks:
+        raise ValueError(f"Slot {b} starts a conversation but has no tokens; pass its prompt.")
+    if not chunks:
+      return
+    for b, ids in chunks.items():
+      if not 0 <= b < self.slots:
+        raise ValueError(f"Slot {b} is out of range [0, {self.slots}).")
+      if len(ids) == 0:
+        raise ValueError(f"Slot {b} got an empty chunk; every chunk needs a token.")
+    T = bucket(max(len(t) for t in chunks.values()))
+    self._ensure_room(T)
+    tokens = np.full((self.slots, T), self.rule.pad_id, np.int32)
+    tv = np.zeros((self.slots, T), bool)
+    for b, ids in chunks.items():
+      tokens[b, T - len(ids):] = ids
+      tv[b, T - len(ids):] = True
+    reset = np.zeros(self.slots, bool)
+    keys = np.zeros((self.slots,) + jax.random.key_data(self.state.keys).shape[1:], np.uint32)
+    for b, k in starts.items():
+      reset[b], keys[b] = True, np.asarray(jax.random.key_data(k))
+    self._log_program("extend", T)
+    self.state = self._extend(self.params, self.state, np.int32(self.ptr), tokens, tv, reset,
+                              jax.random.wrap_key_data(keys), cfg=self.cfg)
+    self.ptr += T
+    self.fresh[list(chunks)] = True
+
+  def decode(self, budgets: dict[int, int], *, stop_on_finish: bool = False
+             ) -> dict[int, tuple[list[int], list[float], bool]]:
+    """Samples up to `budgets[slot]` tokens for each given slot.
+
+    Rows stop at a stop id (kept in their tokens), at a stop string (host-side
+    check after each chunk of `chunk` steps when `rule.stop` is set; the row
+    keeps the token that completes the string and the tokens after it are
+    removed from the cache) or at their budget. With `stop_on_finish` the call
+    returns as soon as any row stops, with the other rows' partial output
+    (call again to continue them).
+
+    Returns:
+      slot -> (token ids, log-probs under the raw model, stopped on EOS or stop
+      string).
+    """
+    for b in budgets:
+      if not self.fresh[b]:
+        raise ValueError(f"Slot {b} has no fresh logits: extend it (a prompt or an "
+                         "observation) before decoding.")
+    out = {b: ([], [], False) for b in budgets}
+    remaining = dict(budgets)
+    while True:
+      rows = [b for b, n in remaining.items() if n > 0 and not out[b][2]]
+      if not rows:
+        return out
+      most = max(remaining[b] for b in rows)
+      steps = min(bucket(most), bucket(self.chunk)) if self.rule.stop else bucket(most)
+      self._ensure_room(steps)
+      active = np.zeros(self.slots, bool)
+      active[rows] = True
+      budget = np.zeros(self.slots, np.int32)
+      for b in rows:
+        budget[b] = min(remaining[b], steps)
+      self._log_program("decode", steps)
+      start = self.ptr
+      self.state, toks, logps, eos, n = self._decode(
+          self.params, self.state, np.int32(start), active, budget, np.bool_(stop_on_finish),
+          cfg=self.cfg, rule=self._device_rule, steps=steps)
+      toks, logps, eos, n = jax.device_get((toks, logps, eos, n))
+      self.ptr = start + int(n)
+      cut_keep = np.zeros(self.slots, np.int32)
+      cut_drop = np.zeros(self.slots, np.int32)
+      for b in rows:
+        # Rows emit on consecutive steps from the first, until they stop.
+        count = min(int(budget[b]), int(n))
+        if eos[b]:
+          count = int(np.argmax(np.isin(toks[b], self.rule.stop_ids))) + 1
+        t, lp = toks[b, :count].tolist(), logps[b, :count].tolist()
+        prev_t, prev_l, _ = out[b]
+        hit = bool(eos[b])
+        if self.rule.stop and not hit:
+          keep = _stop_string_cut(prev_t, t, self.rule.stop, self.detokenize)
+          if keep is not None:
+            cut_keep[b], cut_drop[b] = keep, count - keep
+            t, lp, hit = t[:keep], lp[:keep], True
+            self.fresh[b] = False  # logits follow a dropped token
+        out[b] = (prev_t + t, prev_l + lp, hit)
+        remaining[b] -= count
+      if cut_drop.any():
+        self._log_program("truncate")
+        self.state = self._truncate(self.state, np.int32(start), cut_keep, cut_drop)
+      if stop_on_finish and any(out[b][2] or remaining[b] <= 0 for b in rows):
+        return out
+
+  def release(self, slots: Sequence[int]) -> None:
+    """Frees rows: their entries stop counting toward the cache's live tokens."""
+    if not len(slots):
+      return
+    mask = np.zeros(self.slots, bool)
+    mask[list(slots)] = True
+    self.state = self.state.replace(valid=self.state.valid & ~jnp.asarray(mask)[:, None])
+    self.fresh[list(slots)] = False
+
+
+def _stop_string_cut(prev: list[int], new: list[int], stops: tuple[str, ...],
+                     detokenize) -> int | None:
+  """Tokens of `new` to keep so the text ends just past the first stop string, or None."""
+  text = detokenize(prev + new)
+  if not any(s in text for s in stops):
+    return None
+  lo, hi = 1, len(new)  # smallest k with a stop string in prev + new[:k]
+  while lo < hi:
+    mid = (lo + hi) // 2
+    if any(s in detokenize(prev + new[:mid]) for s in stops):
+      hi = mid
+    else:
+      lo = mid + 1
+  return lo
+
+
+_PROGRAMS: set[tuple] = set()
+
+
+@functools.lru_cache(maxsize=None)
+def _programs(shards: tuple | None):
+  """Jitted engine programs for one state layout (None: default device).
+
+  Args:
+    shards: (cache, valid, lengths, logits, keys) shardings, or None.
+  """
+  out = None
+  if shards is not None:
+    c, v, n, lg, k = shards
+    out = DecodeState(cache={"k": c, "v": c}, valid=v, lengths=n, logits=lg, keys=k)
+  init = jax.jit(init_state, static_argnums=(0, 1, 2, 3), out_shardings=out)
+  extend = jax.jit(extend_step, static_argnames=("cfg",), donate_argnums=(1,),
+                   out_shardings=out)
+  decode = jax.jit(decode_loop, static_argnames=("cfg", "rule", "steps"), donate_argnums=(1,),
+                   out_shardings=None if out is None else (out, None, None, None, None))
+  compact = jax.jit(compact_step, donate_argnums=(0,), out_shardings=out)
+  truncate = jax.jit(truncate_step, donate_argnums=(0,), out_shardings=out)
+  return init, extend, decode, compact, truncate
+
+
+def _register_program(key: tuple) -> None:
+  _PROGRAMS.add(key)
+
+
+def num_engine_programs() -> int:
+  """Distinct engine programs compiled in this process (all engines)."""
+  return len(_PROGRAMS)

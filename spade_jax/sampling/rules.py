@@ -1,0 +1,214 @@
+"""Sampling rules: small frozen dataclasses that filter logits, and their composition.
+
+A rule maps float32 logits [B, V] to logits [B, V] (dropped ids at -inf). The
+token is then drawn by adding Gumbel noise from one PRNG key per row, so a
+row's draw depends only on its own key and position, never on which batch
+slot it occupies or which other rows share the batch. Log-probs returned with
+sampled tokens are always under the raw (untempered, untruncated) model.
+
+`SamplingConfig` is the user-facing rule: it composes, in this order,
+`Temperature`, `TopK`, `TopP`, `MinP` (or `Greedy` when temperature is 0) and
+carries the stopping rule (EOS ids and stop strings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Greedy:
+  """Arg-max decoding (no randomness)."""
+
+  def __call__(self, logits: jax.Array) -> jax.Array:
+    return logits
+
+
+@dataclasses.dataclass(frozen=True)
+class Temperature:
+  """Divides logits by `value` (> 0)."""
+
+  value: float
+
+  def __post_init__(self):
+    if self.value <= 0:
+      raise ValueError(f"Temperature value={self.value} must be > 0; use Greedy for 0.")
+
+  def __call__(self, logits: jax.Array) -> jax.Array:
+    return logits / self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class TopK:
+  """Keeps the `k` largest logits of each row (ties at the k-th value are kept)."""
+
+  k: int
+
+  def __post_init__(self):
+    if self.k < 1:
+      raise ValueError(f"TopK k={self.k} must be >= 1.")
+
+  def __call__(self, logits: jax.Array) -> jax.Array:
+    if self.k >= logits.shape[-1]:
+      return logits
+    kth = jax.lax.top_k(logits, self.k)[0][:, -1:]
+    return jnp.where(logits < kth, -jnp.inf, logits)
+
+
+@dataclasses.dataclass(frozen=True)
+class TopP:
+  """Nucleus: keeps the smallest set of highest-probability ids whose mass reaches `p`."""
+
+  p: float
+
+  def __post_init__(self):
+    if not 0.0 < self.p <= 1.0:
+      raise ValueError(f"TopP p={self.p} must be in (0, 1].")
+
+  def __call__(self, logits: jax.Array) -> jax.Array:
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    cum = jnp.cumsum(probs, axis=-1)
+    keep = (cum - probs) < self.p  # mass strictly before this id; always keeps the first
+    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+    return jnp.where(logits < threshold, -jnp.inf, logits)
+
+
+@dataclasses.dataclass(frozen=True)
+class MinP:
+  """Keeps ids whose probability is at least `p` times the row's largest probability."""
+
+  p: float
+
+  def __post_init__(self):
+    if not 0.0 <= self.p < 1.0:
+      raise ValueError(f"MinP p={self.p} must be in [0, 1).")
+
+  def __call__(self, logits: jax.Array) -> jax.Array:
+    # p_i >= p * p_max  <=>  logit_i >= logit_max + log(p)
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    return jnp.where(logits < top + jnp.log(self.p), -jnp.inf, logits)
+
+
+Rule = Greedy | Temperature | TopK | TopP | MinP
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  """Sampling and stopping rule. temperature 0 means greedy.
+
+  Attributes:
+    temperature: softmax temperature; 0 selects the arg-max.
+    top_p: nucleus mass kept (1.0 disables).
+    top_k: number of highest logits kept (0 disables).
+    min_p: keeps ids with probability >= min_p * max probability (0 disables).
+    eos_id: id that ends a row (negative: none).
+    pad_id: id written after a row ended.
+    eos_ids: further ids that end a row (e.g. several end-of-turn markers).
+    stop: strings that end a row once the decoded text contains one; they may
+      span token boundaries. Checked on the host between decode chunks (see
+      `spade_jax.sampling.engine.Engine.decode`); the row keeps the whole token
+      that completes the string. Needs a detokenizer.
+  """
+
+  temperature: float = 1.0
+  top_p: float = 1.0
+  top_k: int = 0
+  min_p: float = 0.0
+  eos_id: int = 1
+  pad_id: int = 0
+  eos_ids: tuple[int, ...] = ()
+  stop: tuple[str, ...] = ()
+
+  def __post_init__(self):
+    if self.temperature < 0:
+      raise ValueError(f"temperature={self.temperature} must be >= 0.")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p={self.top_p} must be in (0, 1].")
+    if self.top_k < 0:
+      raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables it).")
+    if not 0.0 <= self.min_p < 1.0:
+      raise ValueError(f"min_p={self.min_p} must be in [0, 1) (0 disables it).")
+    # Configs may hand over lists; keep the dataclass hashable (a jit static argument).
+    object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))
+    stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+    if any(not s for s in stop):
+      raise ValueError(f"stop={stop!r} contains an empty string; drop it.")
+    object.__setattr__(self, "stop", stop)
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """Every id that ends a row (non-negative ones only)."""
+    return tuple(sorted({i for i in (self.eos_id, *self.eos_ids) if i >= 0}))
+
+  def rules(self) -> tuple[Rule, ...]:
+    """The logit filters this config applies, in order."""
+    if self.greedy:
+      return (Greedy(),)
+    out: list[Rule] = []
+    if self.temperature != 1.0:
+      out.append(Temperature(self.temperature))
+    if self.top_k:
+      out.append(TopK(self.top_k))
+    if self.top_p < 1.0:
+      out.append(TopP(self.top_p))
+    if self.min_p > 0.0:
+      out.append(MinP(self.min_p))
+    return tuple(out)
+
+  def without_stop_strings(self) -> "SamplingConfig":
+    """Same device-side rule; stop strings only matter on the host."""
+    return dataclasses.replace(self, stop=())
+
+
+def is_stop(tokens: jax.Array, rule: SamplingConfig) -> jax.Array:
+  """tokens: [B] int -> [B] bool, True where the id ends a row."""
+  out = jnp.zeros(tokens.shape, bool)
+  for i in rule.stop_ids:
+    out = out | (tokens == i)
+  return out
+
+
+def row_keys(key: jax.Array, batch: int) -> jax.Array:
+  """One key per row: fold_in(key, row). [B] key array."""
+  return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(batch))
+
+
+def draw(logits: jax.Array, keys: jax.Array, positions: jax.Array,
+         rule: SamplingConfig | Sequence[Rule]) -> jax.Array:
+  """Draws one id per row.
+
+  Args:
+    logits: [B, V] float32 raw logits.
+    keys: [B] per-row keys.
+    positions: [B] int position of the token being drawn; the noise for a row is
+      `fold_in(keys[b], positions[b])`, so a row's draws depend only on its key
+      and its position in its sequence.
+    rule: a `SamplingConfig` or a sequence of rules.
+
+  Returns:
+    [B] int32 ids.
+  """
+  rules = rule.rules() if isinstance(rule, SamplingConfig) else tuple(rule)
+  if any(isinstance(r, Greedy) for r in rules):
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  for r in rules:
+    logits = r(logits)
+  V = logits.shape[-1]
+  step_keys = jax.vmap(jax.random.fold_in)(keys, positions)
+  gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (V,), jnp.float32))(step_keys)
+  return jnp.argmax(logits + gumbel, axis=-1).astype(jnp.int32)
+
+
+def sample_logits(logits: jax.Array, key: jax.Array, rule: SamplingConfig) -> jax.Array:
+  """Draws one id per row with one key for the batch. logits: [B, V] -> [B] int32."""
+  B = logits.shape[0]
+  return draw(logits, row_keys(key, B), jnp.zeros((B,), jnp.int32), rule)

@@ -1,0 +1,184 @@
+"""Engine: multi-turn continuation vs re-prefill, slot refill vs alone, stop strings,
+compaction, min-p, sharded layout and weight handoff."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from spade_jax import parallel
+from spade_jax.models import get_preset, init_params, token_logprobs
+from spade_jax.sampling import (Engine, MinP, Request, SamplingConfig, TopK, draw,
+                                row_keys, serve)
+
+CFG = get_preset("tiny")
+SLOTS, MAX_LEN = 4, 128
+
+
+@pytest.fixture(scope="module")
+def params():
+  return init_params(jax.random.key(0), CFG)
+
+
+def _engine(params, rule, **kw):
+  return Engine(CFG, params, slots=SLOTS, max_len=kw.pop("max_len", MAX_LEN), rule=rule,
+                cache_dtype="float32", **kw)
+
+
+def _full_logps(params, seq, width=64):
+  """Log-probs from one full forward; padded to `width` so every call shares one program."""
+  n = len(seq)
+  t = jnp.array([list(seq) + [0] * (width - n)])
+  seg = jnp.array([[1] * n + [0] * (width - n)])
+  return np.asarray(token_logprobs(params, CFG, t, jnp.arange(width)[None], seg))[0, :n]
+
+
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [40] * 13]
+OBS = {1: [[70, 71, 72], [73], [74, 75, 76, 77, 78]],   # turn -> per-row observation
+       2: [[80], [81, 82, 83, 84, 85, 86], None]}        # row 2 ends after turn 2
+TURN = [8, 5, 7]  # new tokens per turn for each row
+
+
+def _conversation(params, rule, continue_cache: bool):
+  """Three turns; returns per-row histories and per-row (tokens, logps) per turn."""
+  keys = row_keys(jax.random.key(11), len(PROMPTS))
+  hist = [list(p) for p in PROMPTS]
+  turns = []
+  eng = _engine(params, rule)
+  live = [0, 1, 2]
+  for t in range(3):
+    if t == 0 or not continue_cache:
+      if not continue_cache and t > 0:
+        eng = _engine(params, rule)  # fresh cache: the whole history again
+      eng.extend({i: hist[i] for i in live}, {i: keys[i] for i in live})
+    else:
+      eng.extend({i: OBS[t][i] for i in live})
+      for i in live:
+        hist[i] += OBS[t][i]
+    out = eng.decode({i: TURN[i] for i in live})
+    turns.append({i: out[i] for i in live})
+    for i in live:
+      hist[i] += out[i][0]
+    if t + 1 < 3:
+      if not continue_cache:
+        for i in live:
+          hist[i] += OBS[t + 1][i] or []
+      live = [i for i in live if OBS[t + 1][i] is not None]
+      eng.release([i for i in range(SLOTS) if i not in live])
+  return hist, turns
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_three_turns_through_cache_equal_reprefill(params, temperature):
+  rule = SamplingConfig(temperature=temperature, top_k=50, eos_id=-1)
+  h_cache, t_cache = _conversation(params, rule, True)
+  h_full, t_full = _conversation(params, rule, False)
+  assert h_cache == h_full
+  for a, b in zip(t_cache, t_full):
+    assert a.keys() == b.keys()
+    for i in a:
+      assert a[i][0] == b[i][0]
+      np.testing.assert_allclose(a[i][1], b[i][1], atol=1e-5)
+  # And the log-probs are those of one full forward over the final transcript.
+  for i, h in enumerate(h_cache):
+    ref = _full_logps(params, h)
+    pos = len(PROMPTS[i])
+    for t, turn in enumerate(t_cache):
+      if i not in turn:
+        continue
+      toks, lps, _ = turn[i]
+      np.testing.assert_allclose(lps, ref[pos:pos + len(toks)], atol=1e-4)
+      pos += len(toks) + (len(OBS[t + 1][i] or []) if t + 1 < 3 else 0)
+
+
+def test_slot_refill_equals_each_request_alone(params):
+  rule = SamplingConfig(temperature=1.0, eos_id=-1, eos_ids=(7, 9))
+  base = jax.random.key(5)
+  reqs = [Request([3 + i] * (2 + 3 * i), 4 + 5 * (i % 3), jax.random.fold_in(base, i))
+          for i in range(6)]
+  # Two slots only, a small cache: forces refills and compaction.
+  eng = _engine(params, rule, max_len=64)
+  together = serve(eng, reqs, slots=[1, 3])
+  assert {c.slot for c in together} == {1, 3}
+  alone_eng = _engine(params, rule, max_len=64)
+  for r, c in zip(reqs, together):
+    (a,) = serve(alone_eng, [r], slots=[0])
+    assert a.tokens == c.tokens and a.finished == c.finished
+    np.testing.assert_allclose(a.logprobs, c.logprobs, atol=1e-5)
+    assert len(c.tokens) <= r.max_new_tokens
+    if c.finished:
+      assert c.tokens[-1] in (7, 9)
+    ref = _full_logps(params, list(r.prompt) + c.tokens)[len(r.prompt):]
+    np.testing.assert_allclose(c.logprobs, ref, atol=1e-4)
+  assert len({p for p in eng.programs if p[0] == "decode"}) == 1
+
+
+def test_stop_string_spanning_tokens_truncates_cache(params):
+  # A toy detokenizer: id -> one character; the stop string spans two tokens.
+  greedy = SamplingConfig(temperature=0.0, eos_id=-1)
+  eng = _engine(params, greedy)
+  eng.extend({0: PROMPTS[0]}, {0: jax.random.key(0)})
+  free_run = eng.decode({0: 24})[0][0]
+  stop = chr(64 + free_run[5] % 60) + chr(64 + free_run[6] % 60)
+  detok = lambda ids: "".join(chr(64 + i % 60) for i in ids)
+  first = next(j for j in range(1, len(free_run)) if stop in detok(free_run[:j + 1]))
+  rule = SamplingConfig(temperature=0.0, eos_id=-1, stop=(stop,))
+  eng = _engine(params, rule, detokenize=detok, chunk=4)
+  eng.extend({0: PROMPTS[0]}, {0: jax.random.key(0)})
+  toks, lps, hit = eng.decode({0: 24})[0]
+  assert hit and toks == free_run[:first + 1]
+  # The dropped tokens left the cache: continuing equals re-prefilling.
+  eng.extend({0: [50, 51]})
+  cont = eng.decode({0: 6})[0]
+  ref = _engine(params, greedy)
+  ref.extend({0: PROMPTS[0] + toks + [50, 51]}, {0: jax.random.key(0)})
+  again = ref.decode({0: 6})[0]
+  assert cont[0] == again[0]
+  np.testing.assert_allclose(cont[1], again[1], atol=1e-5)
+
+
+def test_decode_needs_fresh_logits_and_room(params):
+  eng = _engine(params, SamplingConfig(temperature=0.0, eos_id=-1), max_len=32)
+  with pytest.raises(ValueError, match="no fresh logits"):
+    eng.decode({0: 4})
+  with pytest.raises(ValueError, match="beyond the cache"):
+    eng.extend({0: list(range(3, 40))}, {0: jax.random.key(0)})
+
+
+def test_min_p_and_top_k_rules_match_truncated_distribution():
+  probs = np.array([0.4, 0.25, 0.15, 0.1, 0.06, 0.04])
+  n = 4000
+  logits = jnp.log(jnp.asarray(probs, jnp.float32))[None].repeat(n, 0)
+  keys = row_keys(jax.random.key(3), n)
+  pos = jnp.zeros((n,), jnp.int32)
+  got = np.asarray(draw(logits, keys, pos, (MinP(0.3),)))  # keeps p >= 0.12
+  freq = np.bincount(got, minlength=6) / n
+  want = np.r_[probs[:3] / probs[:3].sum(), 0, 0, 0]
+  assert freq[3:].sum() == 0
+  np.testing.assert_allclose(freq, want, atol=0.03)
+  got = np.asarray(draw(logits, keys, pos, SamplingConfig(top_k=2, min_p=0.0)))
+  np.testing.assert_allclose(np.bincount(got, minlength=6) / n,
+                             np.r_[probs[:2] / probs[:2].sum(), 0, 0, 0, 0], atol=0.03)
+  assert TopK(2) in SamplingConfig(top_k=2).rules()
+
+
+@pytest.mark.slow
+def test_sharded_engine_matches_single_device_and_takes_new_params(params):
+  mesh = parallel.make_mesh(parallel.MeshConfig(data=4, fsdp=1, tensor=2, rules="fsdp_tensor"))
+  rules = parallel.RULE_SETS["fsdp_tensor"]
+  rule = SamplingConfig(temperature=0.0, eos_id=-1)
+  sharded = _engine(params, rule, mesh=mesh, rules=rules)
+  assert sharded.state.cache["k"].sharding.spec[1] == ("data",)
+  assert sharded.state.cache["k"].sharding.spec[3] == "tensor"
+  plain = _engine(params, rule)
+  for eng in (sharded, plain):
+    eng.extend({i: p for i, p in enumerate(PROMPTS)},
+               {i: jax.random.key(i) for i in range(3)})
+  a, b = sharded.decode({i: 8 for i in range(3)}), plain.decode({i: 8 for i in range(3)})
+  assert all(a[i][0] == b[i][0] for i in range(3))
+  # Handoff: a differently laid out tree (replicated) is resharded on device.
+  new = jax.tree.map(lambda x: x * 1.5, params)
+  sharded.set_params(new)
+  leaf = sharded.params["layers"]["q"]
+  assert leaf.sharding.spec == parallel.logical_to_spec(
+      ("layers", "embed", "heads", "head_dim"), leaf.shape, mesh, rules)

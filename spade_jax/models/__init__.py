@@ -10,3 +10,6 @@ from spade_jax.models.vocab import ByteVocab
 from spade_jax.models.chat import ChatTemplate
 from spade_jax.models.hf import (config_from_hf, config_to_hf, copy_tokenizer_files,
                                  load_hf, read_hf_config, save_hf)
+from spade_jax.models.chat import render_chat
+from spade_jax.models.checkpoint_io import load_model, load_model_config, save_model
+from spade_jax.models.tokenizer import HFTokenizer, load_tokenizer

@@ -1,0 +1,85 @@
+"""Hugging Face `tokenizer.json` vocabularies, loaded offline with `tokenizers`.
+
+`HFTokenizer` has the same small interface as `ByteVocab` (encode, decode,
+eos_id, pad_id, vocab_size), so `ChatTemplate` and the self-play runner work
+with either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+# Turn-end and padding tokens of the Qwen3 vocabulary, preferred when present.
+_EOS_CANDIDATES = ("<|im_end|>", "<|endoftext|>", "</s>")
+_PAD_CANDIDATES = ("<|endoftext|>", "<pad>", "<|pad|>")
+
+
+def _special(cfg: dict, key: str) -> str | None:
+  value = cfg.get(key)
+  if isinstance(value, dict):
+    value = value.get("content")
+  return value if isinstance(value, str) else None
+
+
+class HFTokenizer:
+  """Text <-> ids through a `tokenizer.json` file.
+
+  Attributes:
+    eos_id: id that ends a model turn: `<|im_end|>` when the vocabulary has it
+      (Qwen3 chat), else the `eos_token` of tokenizer_config.json.
+    pad_id: padding id (`<|endoftext|>` for Qwen3).
+  """
+
+  def __init__(self, path: str):
+    import tokenizers  # pylint: disable=g-import-not-at-top  (optional dependency)
+    directory = path if os.path.isdir(path) else os.path.dirname(path)
+    file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
+    if not os.path.isfile(file):
+      raise FileNotFoundError(f"{file!r} does not exist: expected a Hugging Face "
+                              "tokenizer.json (fast tokenizer) file.")
+    self._tok = tokenizers.Tokenizer.from_file(file)
+    tc = {}
+    if os.path.isfile(os.path.join(directory, "tokenizer_config.json")):
+      with open(os.path.join(directory, "tokenizer_config.json")) as f:
+        tc = json.load(f)
+    self.eos_id = self._first_id(_EOS_CANDIDATES, _special(tc, "eos_token"))
+    self.pad_id = self._first_id(_PAD_CANDIDATES, _special(tc, "pad_token"))
+    if self.eos_id is None:
+      raise ValueError(f"{file!r}: found no end-of-turn token (tried {_EOS_CANDIDATES} "
+                       "and tokenizer_config.json eos_token); add one to the vocabulary.")
+    if self.pad_id is None:
+      self.pad_id = self.eos_id
+
+  def _first_id(self, candidates, configured: str | None) -> int | None:
+    for name in candidates + ((configured,) if configured else ()):
+      i = self._tok.token_to_id(name)
+      if i is not None:
+        return i
+    return None
+
+  @property
+  def vocab_size(self) -> int:
+    return self._tok.get_vocab_size(with_added_tokens=True)
+
+  def token_to_id(self, token: str) -> int | None:
+    return self._tok.token_to_id(token)
+
+  def encode(self, text: str) -> list[int]:
+    """Ids of `text`; special-token markup such as `<|im_start|>` maps to its id."""
+    return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Decodes ids, stopping at the first EOS (special tokens kept as text)."""
+    ids = [int(i) for i in ids]
+    if self.eos_id in ids:
+      ids = ids[:ids.index(self.eos_id)]
+    return self._tok.decode(ids, skip_special_tokens=False)
+
+
+def load_tokenizer(directory: str) -> HFTokenizer | None:
+  """The directory's `tokenizer.json` tokenizer, or None when it has none."""
+  if os.path.isfile(os.path.join(directory, "tokenizer.json")):
+    return HFTokenizer(directory)
+  return None

@@ -51,6 +51,12 @@ def progress_line(it: int, total: int, m: Mapping[str, float]) -> str:
           f" | loss {m.get('train/loss', 0):+.4f} | {times}")
 
 
+def _say(msg: str, *args) -> None:
+  """A line for the person running the job (stdout) and the log."""
+  logging.info(msg, *args)
+  print(msg % args, flush=True)
+
+
 def train(config, workdir: str) -> dict[str, float]:
   """Runs (or resumes) self-play training in `workdir`; returns the last metrics."""
   workdir = os.path.abspath(workdir)
@@ -83,6 +89,8 @@ def train(config, workdir: str) -> dict[str, float]:
   ckpt = Checkpointer(workdir, keep=config.get("keep_checkpoints", 3))
   writer = MetricsWriter(workdir)
   with sandbox.EnvPool(sandbox_cfg) as pool:
+    if pool.report is not None:
+      _say("sandbox: %s", pool.report.summary())
     state = trainer.init_state(jax.random.key(config.seed))
     sp = SelfPlay(sp_cfg, trainer=trainer, state=state, vocab=vocab, sampling=sampling,
                   pool=pool, corpus=corpus, memory=memory, reward_cfg=reward_cfg,
@@ -96,9 +104,9 @@ def train(config, workdir: str) -> dict[str, float]:
       sp.state, sp.buffer, host = restored
       sp.restore_host_state(host)
       start = int(host["next_iteration"])
-      logging.info("Resumed from %s at iteration %d of %d", ckpt.directory, start, total)
+      _say("resumed from %s at iteration %d of %d", ckpt.directory, start, total)
     if start >= total:
-      logging.info("Nothing to do: %d of %d iterations already done in %s. Raise "
+      _say("Nothing to do: %d of %d iterations already done in %s. Raise "
                    "--config.iterations to continue.", start, total, workdir)
     last: dict[str, float] = {}
     every = max(1, int(config.get("checkpoint_every", 1)))
@@ -107,9 +115,7 @@ def train(config, workdir: str) -> dict[str, float]:
       metrics = sp.iteration(it)
       metrics["time/iteration"] = time.perf_counter() - t0
       last = writer.write(it + 1, metrics)
-      line = progress_line(it, total, last)
-      logging.info("%s", line)
-      print(line, flush=True)
+      _say("%s", progress_line(it, total, last))
       if (it + 1) % every == 0 or it + 1 == total:
         ckpt.save(it + 1, sp.state, sp.buffer, {**sp.host_state(), "next_iteration": it + 1})
         sp.memory.save(os.path.join(workdir, "memory.json"))

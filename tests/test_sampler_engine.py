@@ -168,7 +168,7 @@ def test_sharded_engine_matches_single_device_and_takes_new_params(params):
   rules = parallel.RULE_SETS["fsdp_tensor"]
   rule = SamplingConfig(temperature=0.0, eos_id=-1)
   sharded = _engine(params, rule, mesh=mesh, rules=rules)
-  assert sharded.state.cache["k"].sharding.spec[1] == ("data",)
+  assert sharded.state.cache["k"].sharding.spec[1] in ("data", ("data",))
   assert sharded.state.cache["k"].sharding.spec[3] == "tensor"
   plain = _engine(params, rule)
   for eng in (sharded, plain):

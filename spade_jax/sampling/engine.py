@@ -251,6 +251,10 @@ class Engine:
     """Takes new parameters (e.g. after a train step), resharding on device if needed."""
     if self._param_shardings is not None:
       params = jax.device_put(params, self._param_shardings)
+    elif any(len(x.sharding.device_set) > 1 for x in jax.tree.leaves(params)
+             if isinstance(x, jax.Array)):
+      # No inference mesh given: gather onto one device (device to device).
+      params = jax.device_put(params, jax.devices()[0])
     self.params = params
 
   # -- bookkeeping ----------------------------------------------------------------

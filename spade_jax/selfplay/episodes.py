@@ -1,9 +1,16 @@
 """Multi-turn agent episodes against sandboxed environments.
 
-All episodes of an iteration advance in lock step: one batched sampler call
-per turn for every running episode, then one concurrent `step_many` on the
-sandbox pool. Transcripts are token lists with a loss mask that is True only
-on tokens the policy generated.
+Episodes advance in rounds: one batched decode for every running episode,
+then one concurrent `step_many` on the sandbox pool. With a `Sampler` policy
+each episode owns one row of a KV-cache engine: the observation and the next
+turn's prefix are appended to the row's cache and decoding continues, so the
+history is never prefilled again; when an episode ends, a waiting one takes
+its slot (`max_slots`). A plain `(prompts, max_new) -> Generation` callable is
+also accepted and re-reads the whole transcript each turn.
+
+Transcripts are token lists with a loss mask that is True only on tokens the
+policy generated; they are exactly the ids the sampler conditioned on, and
+the log-probs are those it sampled with.
 """
 
 from __future__ import annotations
@@ -13,9 +20,11 @@ import math
 from typing import Callable, Sequence
 
 from spade_jax.models.chat import ChatTemplate
-from spade_jax.sampling import Generation
+import jax
 
-Policy = Callable[[list[list[int]], int], Generation]
+from spade_jax.sampling import Generation, Sampler
+
+Policy = Sampler | Callable[[list[list[int]], int], Generation]
 
 
 @dataclasses.dataclass
@@ -54,15 +63,17 @@ def _extend(ep: Episode, ids: Sequence[int], mask: bool, logps=None) -> None:
 def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
                  policy: Policy, chat: ChatTemplate, system_prompt: Callable[[str | None], str],
                  *, max_turns: int, max_turn_tokens: int, max_len: int,
-                 hint_fn: Callable[[list], list[str | None]] | None = None
-                 ) -> list[Episode]:
+                 hint_fn: Callable[[list], list[str | None]] | None = None,
+                 max_slots: int | None = None) -> list[Episode]:
   """Plays every spec to the end and returns one `Episode` per spec.
 
   Args:
     pool: a `spade_jax.sandbox.EnvPool`.
     sources: env program source per env slot (index = `EpisodeSpec.env`).
     specs: the plays to run.
-    policy: `(prompts, max_new_tokens) -> Generation`.
+    policy: a `Sampler` (multi-turn continuation through its KV cache) or a
+      `(prompts, max_new_tokens) -> Generation` callable (re-reads the whole
+      transcript every turn).
     chat: chat template of the policy's vocabulary.
     system_prompt: hint -> agent system prompt.
     max_turns: turns per episode (the env may end earlier).
@@ -72,6 +83,8 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
     hint_fn: for hinted specs without a fixed `hint`: called once with their
       live handles after reset, returns one hint (or None) per handle, e.g.
       from the programs' own hint().
+    max_slots: with a `Sampler`, rows of the engine (default: one per
+      episode); episodes beyond it wait for a slot to free up.
 
   Returns:
     Episodes in the order of `specs`. Sandbox failures end an episode with the
@@ -99,42 +112,110 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
         continue
       running.append(i)
 
-    for _ in range(max_turns):
-      if not running:
-        break
-      gen = policy([episodes[i].tokens for i in running], max_turn_tokens)
-      actions = []
-      for i, toks, lps in zip(running, gen.tokens, gen.logprobs):
-        _extend(episodes[i], toks, True, lps)
-        episodes[i].turns += 1
-        actions.append(chat.vocab.decode(toks))
-      results = pool.step_many([handles[i] for i in running], actions)
-      still = []
-      for i, res in zip(running, results):
-        ep = episodes[i]
-        if not res.ok:
-          ep.outcome = res.reason or "crash"
-          continue
-        obs, reward, terminated, truncated, _ = res.value
-        if not math.isfinite(reward):
-          ep.outcome = "contract"
-          continue
-        ep.reward = max(-1.0, min(1.0, ep.reward + float(reward)))
-        if terminated:
-          ep.outcome = "solved" if reward >= 1.0 else "terminated"
-          continue
-        if truncated:
-          ep.outcome = "truncated"
-          continue
-        nxt = chat.continuation(obs)
-        if len(ep.tokens) + len(nxt) + max_turn_tokens > max_len:
-          ep.outcome = "context"
-          continue
-        _extend(ep, nxt, False)
-        still.append(i)
-      running = still
+    if isinstance(policy, Sampler):
+      running = _play_cached(pool, handles, episodes, running, policy, chat,
+                             max_turns=max_turns, max_turn_tokens=max_turn_tokens,
+                             max_len=max_len, max_slots=max_slots)
+    else:
+      running = _play_reread(pool, handles, episodes, running, policy, chat,
+                             max_turns=max_turns, max_turn_tokens=max_turn_tokens,
+                             max_len=max_len)
     for i in running:
       episodes[i].outcome = "max_turns"
     return episodes
   finally:
     pool.release(handles)
+
+
+def _step_results(episodes, chat, idx, results, max_turn_tokens, max_len):
+  """Applies env step results; returns {episode: continuation ids} for those that go on."""
+  cont = {}
+  for i, res in zip(idx, results):
+    ep = episodes[i]
+    if not res.ok:
+      ep.outcome = res.reason or "crash"
+      continue
+    obs, reward, terminated, truncated, _ = res.value
+    if not math.isfinite(reward):
+      ep.outcome = "contract"
+      continue
+    ep.reward = max(-1.0, min(1.0, ep.reward + float(reward)))
+    if terminated:
+      ep.outcome = "solved" if reward >= 1.0 else "terminated"
+      continue
+    if truncated:
+      ep.outcome = "truncated"
+      continue
+    nxt = chat.continuation(obs)
+    if len(ep.tokens) + len(nxt) + max_turn_tokens > max_len:
+      ep.outcome = "context"
+      continue
+    _extend(ep, nxt, False)
+    cont[i] = nxt
+  return cont
+
+
+def _play_reread(pool, handles, episodes, running, policy, chat, *, max_turns,
+                 max_turn_tokens, max_len) -> list[int]:
+  """Lock-step turns; every turn hands the whole transcript to `policy`."""
+  for _ in range(max_turns):
+    if not running:
+      break
+    gen = policy([episodes[i].tokens for i in running], max_turn_tokens)
+    actions = []
+    for i, toks, lps in zip(running, gen.tokens, gen.logprobs):
+      _extend(episodes[i], toks, True, lps)
+      episodes[i].turns += 1
+      actions.append(chat.vocab.decode(toks))
+    results = pool.step_many([handles[i] for i in running], actions)
+    running = list(_step_results(episodes, chat, running, results, max_turn_tokens, max_len))
+  return running
+
+
+def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, max_turns,
+                 max_turn_tokens, max_len, max_slots) -> list[int]:
+  """Turns through one engine row per episode; waiting episodes take freed rows.
+
+  Returns the episodes still running after `max_turns` turns.
+  """
+  if not running:
+    return []
+  slots = min(len(running), max_slots or len(running))
+  # Room for the longest transcript plus one bucketed chunk before compaction.
+  engine = sampler.engine(slots, 2 * max_len)
+  key = sampler.next_key()
+  waiting = list(running)
+  free = list(range(engine.slots))
+  slot_of: dict[int, int] = {}
+  pending: dict[int, list[int]] = {}  # episode -> ids to append before its next turn
+  starts: dict[int, jax.Array] = {}
+  left_over: list[int] = []
+  while waiting or slot_of:
+    while waiting and free:
+      i = waiting.pop(0)
+      slot_of[i] = free.pop(0)
+      pending[i] = list(episodes[i].tokens)
+      starts[slot_of[i]] = jax.random.fold_in(key, i)
+    engine.extend({slot_of[i]: ids for i, ids in pending.items()}, starts)
+    pending, starts = {}, {}
+    idx = list(slot_of)
+    out = engine.decode({slot_of[i]: max_turn_tokens for i in idx})
+    actions = []
+    for i in idx:
+      toks, lps, _ = out[slot_of[i]]
+      _extend(episodes[i], toks, True, lps)
+      episodes[i].turns += 1
+      actions.append(chat.vocab.decode(toks))
+    results = pool.step_many([handles[i] for i in idx], actions)
+    cont = _step_results(episodes, chat, idx, results, max_turn_tokens, max_len)
+    done = []
+    for i in idx:
+      if i in cont and episodes[i].turns < max_turns:
+        pending[i] = cont[i]
+        continue
+      if i in cont:
+        left_over.append(i)
+      done.append(slot_of.pop(i))
+    engine.release(done)
+    free += done
+  return left_over

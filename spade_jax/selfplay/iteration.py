@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import itertools
 import time
 from typing import Any
 
@@ -22,7 +21,7 @@ from spade_jax import designer as dz
 from spade_jax import envs
 from spade_jax.models import ChatTemplate
 from spade_jax.rl import Trainer, TrainState
-from spade_jax.sampling import Generation, SamplingConfig, generate, num_compiled_programs
+from spade_jax.sampling import Sampler, SamplingConfig, num_compiled_programs
 from spade_jax.selfplay.batch import Row, build_batch
 from spade_jax.selfplay.buffer import RegretBuffer
 from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes
@@ -142,15 +141,11 @@ class SelfPlay:
                                       window=max(reward_cfg.credit_window, 1))
 
   # -- policy ----------------------------------------------------------------
-  def _policy(self, it: int, phase: int):
-    counter = itertools.count()
-
-    def policy(prompts: list[list[int]], max_new: int) -> Generation:
-      key = jax.random.fold_in(jax.random.fold_in(
-          jax.random.fold_in(self.base_key, it), phase), next(counter))
-      return generate(self.state.params, self.trainer.model_cfg, prompts,
-                      self.sampling, key, max_new)
-    return policy
+  def _policy(self, it: int, phase: int) -> Sampler:
+    # Call n of this (iteration, phase) draws with fold_in(base, it, phase, n).
+    key = jax.random.fold_in(jax.random.fold_in(self.base_key, it), phase)
+    return Sampler(self.state.params, self.trainer.model_cfg, self.sampling, key,
+                   mesh=self.trainer.mesh, rules=self.trainer.rules)
 
   def _seed(self, *parts: int) -> int:
     return int(np.random.SeedSequence([self.seed, *parts]).generate_state(1)[0] >> 1)

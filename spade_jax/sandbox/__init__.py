@@ -11,10 +11,11 @@ Public API::
 
 from spade_jax.sandbox.config import DEFAULT_PREIMPORT, MODES, SandboxConfig
 from spade_jax.sandbox.isolation import IsolationPlan, IsolationReport, plan_isolation
-from spade_jax.sandbox.pool import OPTIONAL_METHODS, REASONS, CallResult, EnvHandle, EnvPool
+from spade_jax.sandbox.pool import (ACTION_MODES, OPTIONAL_METHODS, REASONS, CallResult,
+                                    EnvHandle, EnvPool)
 
 __all__ = [
-    "CallResult", "DEFAULT_PREIMPORT", "EnvHandle", "EnvPool", "IsolationPlan",
+    "ACTION_MODES", "CallResult", "DEFAULT_PREIMPORT", "EnvHandle", "EnvPool", "IsolationPlan",
     "IsolationReport", "MODES", "OPTIONAL_METHODS", "REASONS", "SandboxConfig",
     "plan_isolation",
 ]

@@ -9,8 +9,10 @@ milliseconds and the program cannot reach trainer code through ``sys.modules``.
 Start-up, in order: take the protocol pipes off fds 0/1 and point fds 0/1/2 at
 ``/dev/null`` (program output can never corrupt the protocol), apply rlimits,
 move into the private scratch directory, pre-import the allow-listed modules,
-set ``no_new_privs`` and, when started as root, drop to the per-worker uid.
-Then serve framed JSON requests until EOF.
+set ``no_new_privs``, when started as root drop to the per-worker uid, then
+confine the process with landlock and seccomp (``_confine.py``, loaded from
+next to this file). Then serve framed JSON requests until EOF; the load reply
+says which confinement layers are active, or why one is missing.
 
 Frames are a 4-byte big-endian length followed by that many bytes of UTF-8
 JSON. Every reply is ``{"id", "ok", "value"}`` or ``{"id", "ok": false,
@@ -22,7 +24,10 @@ mode (programs under the spade_jax contract) the program's ``step`` receives
 the content of the last ``\\boxed{...}`` in that text, or the stripped text
 when there is none. In "raw" mode (reference-style programs, recognised by
 their source mentioning ``boxed``, i.e. parsing it themselves) the program
-receives the raw text unchanged.
+receives the raw text unchanged. In "tool_call" mode (tool-use programs) it
+receives the text inside the last complete ``<tool_call>...</tool_call>``
+outside ``<think>...</think>`` blocks, stripped, or the stripped text when
+there is none.
 """
 
 import json
@@ -107,6 +112,36 @@ def _last_boxed(text):
         return text[i:j]
     j += 1
   return text[i:]
+
+
+def _without_think(text):
+  """``text`` without its complete ``<think>...</think>`` blocks."""
+  out = []
+  i = 0
+  while True:
+    start = text.find("<think>", i)
+    end = text.find("</think>", start + 7) if start >= 0 else -1
+    if end < 0:
+      out.append(text[i:])
+      return "".join(out)
+    out.append(text[i:start])
+    i = end + len("</think>")
+
+
+def _last_tool_call(text):
+  """Stripped content of the last complete ``<tool_call>...</tool_call>``, or None."""
+  text = _without_think(text)
+  found = None
+  i = 0
+  while True:
+    start = text.find("<tool_call>", i)
+    if start < 0:
+      return found
+    end = text.find("</tool_call>", start + 11)
+    if end < 0:
+      return found
+    found = text[start + 11:end].strip()
+    i = end + 12
 
 
 _PARSE_CALLS = frozenset({
@@ -255,6 +290,7 @@ class _Host:
         "reset_mode": self.reset_mode,
         "pid": os.getpid(),
         "uid": os.getuid(),
+        "layers": self.cfg.get("_layers", {}),
     }
 
   def reset(self, req):
@@ -278,6 +314,9 @@ class _Host:
     if self.action_mode == "boxed":
       boxed = _last_boxed(action)
       action = boxed.strip() if boxed is not None else action.strip()
+    elif self.action_mode == "tool_call":
+      call = _last_tool_call(action)
+      action = call if call is not None else action.strip()
     out = self.env.step(action)
     if not isinstance(out, tuple) or len(out) != 5:
       raise _Reject("contract", "step() must return (observation, reward, terminated, "
@@ -403,9 +442,49 @@ def _isolate(cfg):
     os.setuid(int(uid))
   os.chdir(cfg["scratch"])
   os.umask(0o077)
+  cfg["_layers"] = _confine(cfg.get("confine") or {})
   os.dup2(null, 2)  # Start-up errors above still reach the parent's log file.
   os.close(null)
   return rfd, wfd
+
+
+def _confine(spec):
+  """Applies the landlock and seccomp layers ``spec`` asks for.
+
+  Returns:
+    {layer: status}: "active: ..." or "missing: <why>" per requested layer,
+    "off" for a layer the config switched off.
+  """
+  out = {"landlock": "off", "seccomp": "off"}
+  if not (spec.get("landlock") or spec.get("seccomp")):
+    return out
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_confine.py")
+  try:
+    ns = {"__name__": "_confine"}
+    with open(path, "rb") as f:
+      exec(compile(f.read(), path, "exec"), ns)  # pylint: disable=exec-used
+    libc = ns["_libc"]()
+    ns["set_no_new_privs"](libc)
+  except (ImportError, OSError, AttributeError) as e:
+    for layer in out:
+      if spec.get(layer):
+        out[layer] = "missing: confinement unavailable (%s)" % (e,)
+    return out
+  ll = spec.get("landlock")
+  if ll:
+    try:
+      out["landlock"] = "active: " + ns["apply_landlock"](
+          ll.get("read", ()), ll.get("write", ()), ll.get("dev", ()), libc)
+    except (OSError, ValueError) as e:
+      out["landlock"] = "missing: %s" % (e.strerror if isinstance(e, OSError) and e.strerror
+                                         else e,)
+  if spec.get("seccomp"):
+    try:
+      out["seccomp"] = "active: " + ns["apply_seccomp"](libc)
+    except (OSError, ValueError) as e:
+      out["seccomp"] = "missing: %s" % (e.strerror if isinstance(e, OSError) and e.strerror
+                                        else e,)
+  return out
 
 
 def main():

@@ -22,8 +22,9 @@ class SandboxConfig:
   Attributes:
     mode: "best_effort" (default) uses every isolation layer the host allows
       and warns loudly about missing ones; "strict" refuses to start without a
-      network namespace (bubblewrap or unshare); "none" uses rlimits and a
-      scratch cwd only (for hosts without namespaces, e.g. macOS laptops).
+      network namespace (bubblewrap or unshare); "none" uses no namespaces,
+      only rlimits, a scratch cwd and (on Linux) the uid drop, seccomp and
+      landlock layers (for hosts without namespaces, e.g. macOS laptops).
     num_workers: warm idle workers kept ready, so a fresh env costs one load
       message instead of an interpreter start.
     max_live_workers: cap on worker processes alive at once; starts beyond it
@@ -46,6 +47,17 @@ class SandboxConfig:
       namespaces; read-only system, no /dev accelerators).
     use_unshare: fall back to util-linux ``unshare`` (net, pid, ipc, uts,
       mount namespaces) when bubblewrap is missing or unusable.
+    seccomp: install a seccomp-BPF filter in every worker (after the uid drop,
+      before any program code runs): sockets of every family, ptrace,
+      process_vm_*, mounts, namespaces, bpf, perf, io_uring, keyrings, module
+      loading, kexec, reboot and swap fail with EPERM, foreign syscall ABIs
+      kill the worker (list: ``spade_jax.sandbox._confine.DENIED_SYSCALLS``).
+      x86_64 and aarch64 only; reported missing elsewhere.
+    landlock: confine every worker's filesystem access with landlock: read-only
+      beneath the system and interpreter dirs, read-write beneath its scratch
+      dir only, no execve; with newer kernels also no TCP bind/connect and no
+      signals to processes outside the sandbox. Reported missing (with the
+      reason) on kernels without landlock.
     drop_uid: when running as root, run each worker as its own unprivileged uid.
     uid_base: first uid of the per-worker uid range.
     uid_count: size of that range.
@@ -75,6 +87,8 @@ class SandboxConfig:
   max_observation_chars: int = 32768
   use_bwrap: bool = True
   use_unshare: bool = True
+  seccomp: bool = True
+  landlock: bool = True
   drop_uid: bool = True
   uid_base: int = 400000
   uid_count: int = 60000

@@ -14,6 +14,20 @@ Layers, strongest first, used where the host allows them:
   stays visible, protected by the uid drop and file permissions only).
 * per-worker uid (when the pool runs as root): every worker runs as its own
   unprivileged uid, which also makes RLIMIT_NPROC a per-worker limit.
+* landlock (``SandboxConfig.landlock``, kernels with landlock): the worker
+  may read only beneath the system and interpreter dirs, write only beneath
+  its scratch dir, and execve nothing; with landlock ABI >= 4 it cannot bind
+  or connect TCP, with ABI >= 6 it cannot signal processes outside the sandbox
+  nor reach abstract unix sockets. Holds without any namespace.
+* seccomp (``SandboxConfig.seccomp``, x86_64 and aarch64): a BPF filter makes
+  ``socket`` (every family), ``ptrace``, ``process_vm_readv/writev``, mounts,
+  namespace creation (``unshare``, ``setns``, ``clone`` with ``CLONE_NEW*``),
+  ``bpf``, ``perf_event_open``, ``io_uring_*``, ``userfaultfd``, keyrings,
+  module loading, ``kexec``, ``reboot``, ``swapon``/``swapoff``, ``acct`` fail
+  with EPERM and kills the worker on a foreign syscall ABI (i386, x32); the
+  full list is ``_confine.DENIED_SYSCALLS``.
+  Both are applied by the worker itself with ``ctypes`` syscalls (see
+  ``_confine.py``) after the uid drop and before any program code runs.
 * always: rlimits, ``no_new_privs``, a scratch cwd, a scrubbed environment,
   a new session so the parent can kill the whole process group.
 
@@ -35,6 +49,10 @@ import sysconfig
 _log = logging.getLogger(__name__)
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
+CONFINE_SCRIPT = os.path.join(os.path.dirname(WORKER_SCRIPT), "_confine.py")
+# Files outside the read-only trees that programs may read (no secrets in them).
+_READ_FILES = ("/etc/ld.so.cache", "/etc/localtime")
+_DEV_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 _ACCEL_GLOBS = ("nvidia", "accel", "vfio", "dri", "kfd")
 
@@ -174,7 +192,7 @@ def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
       elif os.path.isdir(d):
         argv += ["--ro-bind", d, d]
     binds = [("--ro-bind", d) for d in _python_dirs(plan.python)]
-    binds += [("--ro-bind", WORKER_SCRIPT)]
+    binds += [("--ro-bind", WORKER_SCRIPT), ("--ro-bind", CONFINE_SCRIPT)]
     # bwrap creates missing mount-point parents as 0700 root dirs, which the
     # unprivileged worker uid could not traverse; create them as 0755 first.
     parents = sorted({p for _, d in binds for p in _ancestors(d)})
@@ -195,6 +213,25 @@ def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
              "--propagation", "private", "--"]
     return argv + inner
   return inner
+
+
+def confine_spec(cfg, plan: IsolationPlan, scratch: str) -> dict:
+  """The worker's ``confine`` config: landlock paths as the worker sees them, seccomp.
+
+  Args:
+    cfg: the SandboxConfig.
+    plan: the launcher plan (paths are the same inside bubblewrap, whose
+      mounts mirror the host's system and interpreter dirs).
+    scratch: the worker's scratch dir, as the worker sees it.
+  """
+  if not sys.platform.startswith("linux"):
+    return {}
+  spec: dict = {"seccomp": bool(cfg.seccomp)}
+  if cfg.landlock:
+    read = [d for d in _SYSTEM_DIRS if os.path.exists(d)] + _python_dirs(plan.python)
+    spec["landlock"] = {"read": read + list(_READ_FILES), "write": [scratch],
+                        "dev": list(_DEV_FILES)}
+  return spec
 
 
 # A program run through the normal worker path that reports what it can reach.
@@ -218,6 +255,18 @@ class ProbeEnv:
       facts["net"] = "unknown"
     except Exception as e:
       facts["net"] = type(e).__name__
+    try:
+      import socket
+      socket.socket(socket.AF_INET, socket.SOCK_DGRAM).close()
+      facts["socket"] = "allowed"
+    except Exception as e:
+      facts["socket"] = type(e).__name__
+    try:
+      with open("/proc/self/status") as f:
+        f.read(10)
+      facts["outside_read"] = "allowed"
+    except Exception as e:
+      facts["outside_read"] = type(e).__name__
     for key in ("secret", "trainer_proc"):
       try:
         with open(o[key]) as f:
@@ -231,7 +280,11 @@ class ProbeEnv:
     except Exception:
       facts["outside_write"] = False
     facts["devices"] = []
-    for n in os.listdir("/dev"):
+    try:
+      names = os.listdir("/dev")
+    except PermissionError:  # landlock: no device beyond /dev/null & co opens anyway
+      names = []
+    for n in names:
       if n.startswith(("nvidia", "accel", "vfio", "dri", "kfd")):
         try:
           masked = os.major(os.stat("/dev/" + n).st_rdev) == 1  # bound over by /dev/null
@@ -254,14 +307,17 @@ class IsolationReport:
   layers: dict[str, bool]
   notes: tuple[str, ...]
   detail: str = ""
+  why: dict[str, str] = dataclasses.field(default_factory=dict)
 
   @property
   def network_isolated(self) -> bool:
     return self.layers.get("net_namespace", False)
 
   def summary(self) -> str:
+    """One line: the launcher, active layers, missing layers with their reasons."""
     on = [k for k, v in self.layers.items() if v]
-    off = [k for k, v in self.layers.items() if not v]
+    off = [k + (f" ({self.why[k]})" if self.why.get(k) else "")
+           for k, v in self.layers.items() if not v]
     return f"launcher={self.launcher}; active: {', '.join(on) or 'none'}; " \
            f"MISSING: {', '.join(off) or 'none'}"
 
@@ -301,17 +357,36 @@ def self_test(pool, base_dir: str) -> IsolationReport:
     return IsolationReport(plan.launcher, {"probe_ran": False}, plan.notes,
                            f"probe failed: {res.reason}: {res.detail}")
   facts = json.loads(res.value[0])
+  status = dict(handle.layers)
+  facts["confine"] = status
+  why = {}
+  for layer in ("landlock", "seccomp"):
+    st = status.get(layer, "missing: the worker did not report it")
+    if st == "off":
+      why[layer] = f"disabled by SandboxConfig.{layer}=False"
+    elif not st.startswith("active"):
+      why[layer] = st.split(": ", 1)[-1]
+  if status.get("seccomp", "").startswith("active") and facts["socket"] != "PermissionError":
+    why["seccomp"] = f"filter reported active but socket() gave {facts['socket']}"
+  if status.get("landlock", "").startswith("active") \
+      and (facts["outside_read"] != "PermissionError" or facts["outside_write"]):
+    why["landlock"] = (f"reported active but a read outside the allowed paths gave "
+                       f"{facts['outside_read']}")
   layers = {
       "bwrap": plan.launcher == "bwrap",
-      "net_namespace": facts["net"] not in ("connected", "unknown") and not accepted,
+      "net_namespace": plan.launcher != "none" and not accepted
+                       and facts["net"] not in ("connected", "unknown"),
       "pid_namespace": facts["trainer_proc"] is None and plan.launcher != "none",
       "uid_drop": facts["uid"] not in (0, os.getuid()),
-      # Only a fresh mount namespace hides the host filesystem as a whole; the
-      # probe's secret merely shows whether that works.
-      "host_files_hidden": facts["secret"] is None and plan.launcher == "bwrap",
+      # Only a fresh mount namespace or landlock hides the host filesystem as a
+      # whole; the probe's secret merely shows whether that works.
+      "host_files_hidden": facts["secret"] is None and (
+          plan.launcher == "bwrap" or "landlock" not in why),
       "writes_confined": not facts["outside_write"],
       "accelerators_hidden": not facts["devices"],
       "env_scrubbed": set(facts["env"]) <= set(worker_env("/")) | {"PWD"},
       "rlimits": True,
+      "landlock": "landlock" not in why,
+      "seccomp": "seccomp" not in why,
   }
-  return IsolationReport(plan.launcher, layers, plan.notes, json.dumps(facts))
+  return IsolationReport(plan.launcher, layers, plan.notes, json.dumps(facts), why)

@@ -40,6 +40,7 @@ _log = logging.getLogger(__name__)
 REASONS = ("no_code", "too_large", "syntax", "forbidden", "contract", "nondeterministic",
            "infeasible", "trivial", "timeout", "memory", "crash", "output_too_large")
 OPTIONAL_METHODS = ("hint", "solution")
+ACTION_MODES = ("auto", "boxed", "raw", "tool_call")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +77,7 @@ class EnvHandle:
     self.has_hint = False
     self.action_mode = "boxed"
     self.load_seconds = 0.0
+    self.layers: dict[str, str] = {}
 
   @property
   def alive(self) -> bool:
@@ -275,7 +277,8 @@ class EnvPool:
             "no_new_privs": self.plan.launcher != "bwrap",
             "max_message_bytes": cfg.max_message_bytes,
             "max_observation_chars": cfg.max_observation_chars, "mask_paths": self._mask,
-            "tmpfs_paths": self._tmpfs}
+            "tmpfs_paths": self._tmpfs,
+            "confine": isolation.confine_spec(cfg, self.plan, inside)}
     argv = isolation.worker_command(self.plan, scratch, json.dumps(wcfg), cfg.scratch_mb << 20)
     # Workers are started from one long-lived thread: the launchers tie the
     # worker's life to the thread that forked it (PR_SET_PDEATHSIG), and a
@@ -386,8 +389,14 @@ class EnvPool:
         last class ending in ``Env`` with reset/step).
       kwargs: extra keyword arguments for ``__init__`` (dropped when the
         program does not accept them).
-      action_mode: "auto" (raw for programs that parse ``\\boxed`` themselves,
-        else boxed extraction), "boxed" or "raw".
+      action_mode: how ``step`` receives the agent's turn text: "auto" (the
+        default, for games: raw for programs that parse ``\\boxed``
+        themselves, else boxed extraction), "boxed" (content of the last
+        ``\\boxed{...}``, or the stripped text), "raw" (unchanged), or
+        "tool_call" (tool use: the stripped JSON text inside the last complete
+        ``<tool_call>...</tool_call>`` outside ``<think>`` blocks, or the
+        stripped text when there is none, so bare JSON solution actions replay
+        as they are).
       preimport: modules for fresh workers to import before the uid drop
         (default: ``config.preimport``); forces fresh workers.
 
@@ -395,8 +404,8 @@ class EnvPool:
       One handle per source; a failed load gives ``alive == False`` with
       ``reason``/``detail`` set.
     """
-    if action_mode not in ("auto", "boxed", "raw"):
-      raise ValueError(f"action_mode={action_mode!r}; expected 'auto', 'boxed' or 'raw'.")
+    if action_mode not in ACTION_MODES:
+      raise ValueError(f"action_mode={action_mode!r}; expected one of {ACTION_MODES}.")
     names = list(class_names) if class_names is not None else [None] * len(sources)
     handles, workers, reqs = [], [], []
     for i, src in enumerate(sources):
@@ -430,6 +439,7 @@ class EnvPool:
       h.has_solution = bool(v.get("has_solution"))
       h.has_hint = bool(v.get("has_hint"))
       h.action_mode = v.get("action_mode", "boxed")
+      h.layers = {str(k): str(s) for k, s in (v.get("layers") or {}).items()}
     return handles
 
   def reset_many(self, handles: Sequence[EnvHandle], seeds: Sequence[int | None] | None = None,

@@ -16,8 +16,10 @@ from spade_jax.sandbox import DEFAULT_PREIMPORT, CallResult, EnvPool, SandboxCon
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "programs"
 SECRET = "spade-secret-" + uuid.uuid4().hex
+# SPADE_TEST_SANDBOX_NO_BWRAP=1 runs this module as on a host without bubblewrap.
 TEST_CFG = SandboxConfig(num_workers=2, call_timeout_s=1.0, load_timeout_s=5.0,
-                         memory_mb=512, cpu_seconds=30)
+                         memory_mb=512, cpu_seconds=30,
+                         use_bwrap=os.environ.get("SPADE_TEST_SANDBOX_NO_BWRAP") != "1")
 
 
 def fixture(name: str) -> str:
@@ -92,8 +94,17 @@ def pool():
     os.environ.pop("SPADE_TEST_SECRET", None)
 
 
-def run_one(pool, name, op="reset", options=None, action="x", source=None):
-  h = pool.start([source or fixture(name)])[0]
+def needs(pool, *modules):
+  """``preimport`` for a program importing ``modules`` beyond the defaults.
+
+  Without bubblewrap's mount namespace the interpreter prefix may be unreadable
+  after the uid drop, so such modules are imported before it.
+  """
+  return None if pool.plan.launcher == "bwrap" else DEFAULT_PREIMPORT + modules
+
+
+def run_one(pool, name, op="reset", options=None, action="x", source=None, preimport=None):
+  h = pool.start([source or fixture(name)], preimport=preimport)[0]
   try:
     assert h.alive, (h.reason, h.detail)
     if op == "reset":
@@ -119,6 +130,7 @@ def test_isolation_layers_active(pool):
     assert report.layers["uid_drop"], report.summary()
   if report.launcher == "bwrap":
     assert report.layers["host_files_hidden"] and report.layers["writes_confined"]
+  assert "seccomp" in report.layers and "landlock" in report.layers, report.summary()
 
 
 def test_reset_step_hint_solution(pool):
@@ -308,7 +320,7 @@ def test_network_is_unreachable(pool):
   except OSError:
     pass
   try:
-    _, r = run_one(pool, "hostile_network",
+    _, r = run_one(pool, "hostile_network", preimport=needs(pool, "socket"),
                    options={"port": listener.getsockname()[1], "host_ip": host_ip})
     assert r.ok and "connected" not in r.value[0], r
     with pytest.raises(socket.timeout):
@@ -378,7 +390,7 @@ def test_output_floods_do_not_corrupt_protocol(pool):
 def test_lingering_threads_and_children_are_reaped(pool):
   if not pool.plan.drop_uid:
     pytest.skip("finding leftovers by uid needs the per-worker uid (run as root)")
-  h = pool.start([fixture("hostile_lingering")])[0]
+  h = pool.start([fixture("hostile_lingering")], preimport=needs(pool, "threading"))[0]
   r = pool.reset_many([h])[0]
   assert r.ok, r
   spawned = sandbox_pids(pool, h.uid)

@@ -8,7 +8,8 @@ step: fresh-env start latency (warm spare available), step round-trip of a
 no-work step, and episode throughput (fresh env, reset, 25 steps, release),
 sequentially, with ``--batch`` episodes stepped together, and reusing one env
 (reset per episode). Prints p50/p99 and
-sandbox/in-process ratios.
+sandbox/in-process ratios, and the cold start (interpreter start included,
+no warm spare) with the seccomp and landlock layers on and off.
 """
 
 import statistics
@@ -23,6 +24,8 @@ _STEPS = flags.DEFINE_integer("steps", 500, "Step round trips to time.")
 _EPISODES = flags.DEFINE_integer("episodes", 40, "Episodes per throughput run.")
 _BATCH = flags.DEFINE_integer("batch", 8, "Concurrent episodes in the batched run.")
 _WORK_MS = flags.DEFINE_float("work_ms", 1.0, "CPU work per step, in milliseconds.")
+_COLD = flags.DEFINE_integer("cold_starts", 20, "Cold starts (no warm spare) to time, per "
+                             "setting of the seccomp/landlock layers.")
 _TURNS = 25
 
 PROGRAM = '''
@@ -78,7 +81,29 @@ def _fmt(name: str, sandbox: tuple[float, float], local: tuple[float, float]) ->
           f"p50 ratio {sandbox[0] / max(local[0], 1e-9):8.1f}x")
 
 
-def run(starts: int, steps: int, episodes: int, batch: int, work_ms: float) -> dict[str, float]:
+def _cold_starts(n: int) -> dict[str, tuple[float, float]]:
+  """p50/p99 of starting an env in a fresh worker, kernel layers on vs off."""
+  settings = {"layers on": SandboxConfig(num_workers=0, self_test=False),
+              "layers off": SandboxConfig(num_workers=0, self_test=False, seccomp=False,
+                                          landlock=False)}
+  pools = {k: EnvPool(c) for k, c in settings.items()}
+  times: dict[str, list[float]] = {k: [] for k in settings}
+  try:
+    for _ in range(n):  # Interleaved, so load changes hit both settings alike.
+      for name, pool in pools.items():
+        t = time.perf_counter()
+        h = pool.start([PROGRAM], max_turns=_TURNS, kwargs={"work": 0})
+        times[name].append(time.perf_counter() - t)
+        assert h[0].alive, h[0].detail
+        pool.release(h)
+  finally:
+    for pool in pools.values():
+      pool.close()
+  return {k: _pct(v) for k, v in times.items()}
+
+
+def run(starts: int, steps: int, episodes: int, batch: int, work_ms: float,
+        cold_starts: int = 0) -> dict[str, float]:
   """Runs the comparison and prints it; returns the headline figures."""
   work = _calibrate(work_ms)
   cfg = SandboxConfig(num_workers=max(4, batch))
@@ -154,7 +179,10 @@ def run(starts: int, steps: int, episodes: int, batch: int, work_ms: float) -> d
     reuse_eps = episodes / (time.perf_counter() - t)
     pool.release(h)
 
+  cold = _cold_starts(cold_starts) if cold_starts else {}
   print(_fmt("fresh-env start", start_sb, start_lp))
+  for name, (p50, p99) in cold.items():
+    print(f"{'cold start ' + name:<22} sandbox p50={p50 * 1e3:8.3f} ms p99={p99 * 1e3:8.3f} ms")
   print(_fmt("step round trip", step_sb, step_lp))
   print(f"{'episodes/s (25 turns)':<22} in-process {local_eps:7.1f} | sandbox sequential "
         f"{seq_eps:7.1f} ({seq_eps / local_eps:5.1%}) | sandbox batch={batch} {batch_eps:7.1f} "
@@ -173,7 +201,7 @@ def run(starts: int, steps: int, episodes: int, batch: int, work_ms: float) -> d
 def main(argv: list[str]) -> None:
   del argv
   logging.set_verbosity(logging.WARNING)
-  run(_STARTS.value, _STEPS.value, _EPISODES.value, _BATCH.value, _WORK_MS.value)
+  run(_STARTS.value, _STEPS.value, _EPISODES.value, _BATCH.value, _WORK_MS.value, _COLD.value)
 
 
 if __name__ == "__main__":

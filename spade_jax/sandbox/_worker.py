@@ -448,6 +448,25 @@ def _isolate(cfg):
   return rfd, wfd
 
 
+def _load_code(path, hexversion):
+  """Runs the parent's precompiled ``_confine`` module; its namespace, or None.
+
+  Compiling the module source at every worker start costs more than the
+  layers themselves; the pool marshals it once per pool instead.
+  """
+  if not path or hexversion != sys.hexversion:
+    return None
+  import marshal  # pylint: disable=import-outside-toplevel
+  try:
+    with open(path, "rb") as f:
+      code = marshal.loads(f.read())
+  except (OSError, ValueError, EOFError, TypeError):
+    return None
+  ns = {"__name__": "_confine", "__file__": path}
+  exec(code, ns)  # pylint: disable=exec-used
+  return ns
+
+
 def _confine(spec):
   """Applies the landlock and seccomp layers ``spec`` asks for.
 
@@ -458,11 +477,13 @@ def _confine(spec):
   out = {"landlock": "off", "seccomp": "off"}
   if not (spec.get("landlock") or spec.get("seccomp")):
     return out
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_confine.py")
+  here = os.path.dirname(os.path.abspath(__file__))
+  sys.path.insert(0, here)
   try:
-    ns = {"__name__": "_confine"}
-    with open(path, "rb") as f:
-      exec(compile(f.read(), path, "exec"), ns)  # pylint: disable=exec-used
+    ns = _load_code(spec.get("code"), spec.get("hexversion"))
+    if ns is None:  # No usable precompiled code: import (cached bytecode, if any).
+      import _confine  # pylint: disable=import-outside-toplevel
+      ns = vars(_confine)
     libc = ns["_libc"]()
     ns["set_no_new_privs"](libc)
   except (ImportError, OSError, AttributeError) as e:
@@ -470,6 +491,8 @@ def _confine(spec):
       if spec.get(layer):
         out[layer] = "missing: confinement unavailable (%s)" % (e,)
     return out
+  finally:
+    sys.path.remove(here)
   ll = spec.get("landlock")
   if ll:
     try:

@@ -37,7 +37,9 @@ reports which layers actually hold, instead of trusting the flags.
 
 import dataclasses
 import functools
+import importlib.util
 import json
+import marshal
 import logging
 import os
 import shutil
@@ -45,11 +47,17 @@ import socket
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Sequence
+
+from spade_jax.sandbox import _confine  # pylint: disable=unused-import,wrong-import-position
 
 _log = logging.getLogger(__name__)
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 CONFINE_SCRIPT = os.path.join(os.path.dirname(WORKER_SCRIPT), "_confine.py")
+# Bytecode of _confine.py, written when this package imports it (below): workers
+# import the module from there instead of compiling it at every start.
+CONFINE_CACHE = importlib.util.cache_from_source(CONFINE_SCRIPT)
 # Files outside the read-only trees that programs may read (no secrets in them).
 _READ_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 _DEV_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -169,12 +177,14 @@ def inside_scratch(plan: IsolationPlan, host_scratch: str) -> str:
 
 
 def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
-                   scratch_bytes: int = 64 << 20) -> list[str]:
+                   scratch_bytes: int = 64 << 20,
+                   extra_ro_files: Sequence[str] = ()) -> list[str]:
   """argv that starts one worker under ``plan``.
 
   Under bubblewrap the scratch dir is a private tmpfs of ``scratch_bytes`` at
   :data:`BWRAP_SCRATCH` (gone with the sandbox, never on the host disk);
-  otherwise it is the host dir ``scratch``.
+  otherwise it is the host dir ``scratch``. ``extra_ro_files`` are host files
+  the worker reads at their host path (bound read-only under bubblewrap).
   """
   inner = [plan.python, "-s", "-S", "-B"]
   if sys.version_info >= (3, 11):
@@ -192,7 +202,9 @@ def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
       elif os.path.isdir(d):
         argv += ["--ro-bind", d, d]
     binds = [("--ro-bind", d) for d in _python_dirs(plan.python)]
-    binds += [("--ro-bind", WORKER_SCRIPT), ("--ro-bind", CONFINE_SCRIPT)]
+    binds += [("--ro-bind", p) for p in (WORKER_SCRIPT, CONFINE_SCRIPT, CONFINE_CACHE)
+              if os.path.exists(p)]
+    binds += [("--ro-bind", p) for p in extra_ro_files]
     # bwrap creates missing mount-point parents as 0700 root dirs, which the
     # unprivileged worker uid could not traverse; create them as 0755 first.
     parents = sorted({p for _, d in binds for p in _ancestors(d)})
@@ -215,7 +227,23 @@ def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
   return inner
 
 
-def confine_spec(cfg, plan: IsolationPlan, scratch: str) -> dict:
+def write_confine_code(base_dir: str) -> str:
+  """Marshals the compiled ``_confine`` module into ``base_dir``; returns the path.
+
+  Workers run this instead of compiling the source at every start; a worker
+  whose interpreter version differs falls back to importing the source.
+  """
+  path = os.path.join(base_dir, "confine.code")
+  with open(CONFINE_SCRIPT, "rb") as f:
+    code = compile(f.read(), CONFINE_SCRIPT, "exec")
+  with open(path, "wb") as f:
+    f.write(marshal.dumps(code))
+  os.chmod(path, 0o644)
+  return path
+
+
+def confine_spec(cfg, plan: IsolationPlan, scratch: str, code_path: str | None = None,
+                 hexversion: int | None = None) -> dict:
   """The worker's ``confine`` config: landlock paths as the worker sees them, seccomp.
 
   Args:
@@ -223,10 +251,12 @@ def confine_spec(cfg, plan: IsolationPlan, scratch: str) -> dict:
     plan: the launcher plan (paths are the same inside bubblewrap, whose
       mounts mirror the host's system and interpreter dirs).
     scratch: the worker's scratch dir, as the worker sees it.
+    code_path: from :func:`write_confine_code`, or None.
+    hexversion: ``sys.hexversion`` of the interpreter that compiled it.
   """
   if not sys.platform.startswith("linux"):
     return {}
-  spec: dict = {"seccomp": bool(cfg.seccomp)}
+  spec: dict = {"seccomp": bool(cfg.seccomp), "code": code_path, "hexversion": hexversion}
   if cfg.landlock:
     read = [d for d in _SYSTEM_DIRS if os.path.exists(d)] + _python_dirs(plan.python)
     spec["landlock"] = {"read": read + list(_READ_FILES), "write": [scratch],

@@ -25,6 +25,7 @@ import math
 import os
 import random
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -152,6 +153,7 @@ class EnvPool:
     self.plan = isolation.plan_isolation(cfg)
     self._base = tempfile.mkdtemp(prefix="spade_sandbox_", dir=cfg.scratch_root)
     os.chmod(self._base, 0o711)
+    self._confine_code = isolation.write_confine_code(self._base)
     self._lock = threading.Lock()
     self._spares: collections.deque[WorkerProcess] = collections.deque()
     self._live: dict[int, WorkerProcess] = {}
@@ -160,6 +162,8 @@ class EnvPool:
         1, thread_name_prefix="spade-sandbox-spawn")
     self._uid_cursor = random.SystemRandom().randrange(cfg.uid_count)
     self._closed = False
+    self._python_hexversion = sys.hexversion if isolation.worker_python(cfg.python) \
+        == isolation.worker_python() else None
     self._adopt(self.plan)
     self.report: isolation.IsolationReport | None = None
     if self.plan.launcher == "none" and cfg.mode == "strict":
@@ -278,8 +282,10 @@ class EnvPool:
             "max_message_bytes": cfg.max_message_bytes,
             "max_observation_chars": cfg.max_observation_chars, "mask_paths": self._mask,
             "tmpfs_paths": self._tmpfs,
-            "confine": isolation.confine_spec(cfg, self.plan, inside)}
-    argv = isolation.worker_command(self.plan, scratch, json.dumps(wcfg), cfg.scratch_mb << 20)
+            "confine": isolation.confine_spec(cfg, self.plan, inside, self._confine_code,
+                                              self._python_hexversion)}
+    argv = isolation.worker_command(self.plan, scratch, json.dumps(wcfg), cfg.scratch_mb << 20,
+                                    (self._confine_code,))
     # Workers are started from one long-lived thread: the launchers tie the
     # worker's life to the thread that forked it (PR_SET_PDEATHSIG), and a
     # caller's short-lived thread would take its workers down when it exits.

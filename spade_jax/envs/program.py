@@ -10,12 +10,16 @@ whose name ends in ``Env``::
     def solution(self) -> list[str]: ...   # optional feasibility witness
     def hint(self) -> str: ...             # optional privileged hint
 
-Action passing: callers always send the agent's raw turn text. The sandbox
-passes ``step`` the content of the last ``\\boxed{...}`` (or the stripped text
-when there is none), except for reference-style programs whose source mentions
-``boxed`` (they parse it themselves): those receive the raw text. ``reset``
-programs without an ``options`` parameter (``reset(self, seed=None)``) are
-called without it.
+Action passing: callers always send the agent's raw turn text. With the
+default ``action_mode="auto"`` (games) the sandbox passes ``step`` the content
+of the last ``\\boxed{...}`` (or the stripped text when there is none), except
+for reference-style programs whose source parses ``boxed`` themselves: those
+receive the raw text. Tool-use programs are started with
+``action_mode="tool_call"``: ``step`` receives the stripped JSON text inside
+the last complete ``<tool_call>...</tool_call>`` outside ``<think>`` blocks, or
+the stripped text when there is none (so ``solution()`` actions, bare JSON,
+replay unchanged). ``reset`` programs without an ``options`` parameter
+(``reset(self, seed=None)``) are called without it.
 
 The static checks here are a quality filter that rejects obviously broken or
 escape-minded programs early with a precise reason; they are not the security

@@ -77,6 +77,7 @@ def test_packed_segments_equal_separate_rows(params):
     parallel.MeshConfig(data=-1, rules="fsdp"),
     parallel.MeshConfig(data=2, fsdp=2, tensor=2, rules="fsdp_tensor"),
     parallel.MeshConfig(data=1, fsdp=-1, rules="fsdp"),
+    parallel.MeshConfig(data=1, fsdp=2, tensor=2, expert=2, rules="fsdp_tensor_expert"),
 ])
 def test_sharded_forward_equals_single_device(params, mesh_cfg):
   assert jax.device_count() == 8
@@ -90,7 +91,8 @@ def test_sharded_forward_equals_single_device(params, mesh_cfg):
   seg = jnp.ones_like(toks)
   ref = token_logprobs(params, CFG, toks, pos, seg)
   toks_s = jax.device_put(toks, parallel.batch_sharding(mesh, rules, 2))
-  got = jax.jit(lambda p, t: token_logprobs(p, CFG, t, pos, seg))(sp, toks_s)
+  with parallel.activation_sharding(mesh, rules):
+    got = jax.jit(lambda p, t: token_logprobs(p, CFG, t, pos, seg))(sp, toks_s)
   np.testing.assert_allclose(got, ref, atol=1e-5)
 
 

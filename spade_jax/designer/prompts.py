@@ -94,7 +94,7 @@ _TOOL_USE = Setting(
         "The agent calls tools by writing "
         "<tool_call>{\"name\": \"TOOL\", \"arguments\": {...}}</tool_call>. `step(action)` "
         "receives the JSON text inside the LAST <tool_call>...</tool_call> of the "
-        "agent's message (or the empty string if there is none). Your environment parses "
+        "agent's message (or the whole message, stripped, if there is none). Your environment parses "
         "it with `json.loads`, runs the named tool against its hidden state and returns "
         "the tool's result (JSON text or an error message) as the next observation. The "
         "observation from `reset` must describe the task and list every tool with its "

@@ -260,9 +260,10 @@ class Engine:
   # -- bookkeeping ----------------------------------------------------------------
   def _log_program(self, kind: str, *shape) -> None:
     key = (kind, *shape)
-    if key not in self.programs:
-      self.programs.add(key)
-      _register_program(key + (self.cfg, self.slots, self.max_len, self.cache_dtype))
+    self.programs.add(key)
+    full = key + (self.cfg, self.slots, self.max_len, self.cache_dtype, self._state_shardings)
+    if full not in _PROGRAMS:
+      _PROGRAMS.add(full)
       logging.info("sampler: compiling %s %s (slots=%d, cache=%d; %d programs here)",
                    kind, shape, self.slots, self.max_len, len(self.programs))
 
@@ -427,10 +428,6 @@ def _programs(shards: tuple | None):
   compact = jax.jit(compact_step, donate_argnums=(0,), out_shardings=out)
   truncate = jax.jit(truncate_step, donate_argnums=(0,), out_shardings=out)
   return init, extend, decode, compact, truncate
-
-
-def _register_program(key: tuple) -> None:
-  _PROGRAMS.add(key)
 
 
 def num_engine_programs() -> int:

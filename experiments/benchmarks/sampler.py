@@ -1,0 +1,233 @@
+r"""Decode throughput: this project's sampler vs transformers generate vs Tunix.
+
+  bash experiments/benchmarks/peers_venv.sh   # once: .venv-peers with the peers
+  .venv-peers/bin/python -m experiments.benchmarks.sampler [--full] \
+      [--models=tiny,50m] [--batches=1,8,32] [--prompts=64] [--new=128] [--repeats=3]
+
+One random Qwen3 checkpoint per model size is written with `save_pretrained`
+and loaded by all three: ours through `spade_jax.models.load_hf`, transformers
+(PyTorch CPU, fp32) directly, Tunix through
+`tunix.models.qwen3.params.create_model_from_safe_tensors` and its vanilla
+`tunix.generate.sampler.Sampler`. Greedy decoding; every row generates the
+full length (the end id V-1 gets a zero output row, so a random model never
+picks it, and Tunix treats it as padding). rope_theta is 1e6 because Tunix
+ignores the config's value.
+
+Each configuration warms every engine once (compiles), then times
+`--repeats` interleaved rounds (ours, transformers, Tunix, ours, ...) and
+prints medians of tokens/s (new tokens over wall time, prefill included) and
+the ratios ours/peer. The default sweep is a representative subset (the full
+grid of batch 1/8/32 x prompt 64/512 x new 128/512 x both sizes takes hours
+on a 2-core machine): `--full` runs the whole grid.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import statistics
+import tempfile
+import time
+
+from absl import app, flags
+
+_MODELS = flags.DEFINE_list("models", ["tiny", "50m"], "Model sizes: tiny, 50m.")
+_BATCHES = flags.DEFINE_list("batches", ["1", "8", "32"], "Batch sizes.")
+_PROMPTS = flags.DEFINE_list("prompts", ["64"], "Prompt lengths.")
+_NEW = flags.DEFINE_list("new", ["128"], "New tokens per row.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds per configuration.")
+_PEERS = flags.DEFINE_list("peers", ["transformers", "tunix"], "Peers to run.")
+_FULL = flags.DEFINE_bool("full", False, "Full grid: batch 1/8/32, prompt 64/512, new "
+                          "128/512, both sizes (slow on CPU).")
+_JSON = flags.DEFINE_string("json", "", "Optional path for the results as JSON.")
+
+# Model sizes (HF Qwen3Config fields). "50m": ~50M parameters with a 32k vocabulary.
+SIZES = {
+    "tiny": dict(vocab_size=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+                 num_key_value_heads=4, head_dim=32, intermediate_size=768),
+    "50m": dict(vocab_size=32768, hidden_size=512, num_hidden_layers=8,
+                num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                intermediate_size=1536),
+}
+# Representative subset run by default: (model, batch, prompt, new).
+DEFAULT = [("tiny", 1, 64, 128), ("tiny", 8, 64, 128), ("tiny", 32, 64, 128),
+           ("tiny", 8, 512, 128), ("tiny", 8, 64, 512), ("50m", 8, 64, 128),
+           ("50m", 32, 64, 128)]
+
+
+def write_checkpoint(size: str, directory: str) -> None:
+  """Random Qwen3 (fp32, untied head, end id V-1 never chosen) saved as safetensors."""
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  torch.manual_seed(0)
+  cfg = transformers.Qwen3Config(**SIZES[size], rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                                 tie_word_embeddings=False, initializer_range=0.02,
+                                 max_position_embeddings=2048)
+  model = transformers.Qwen3ForCausalLM(cfg).to(torch.float32)
+  with torch.no_grad():
+    model.lm_head.weight[-1].zero_()
+  model.save_pretrained(directory)
+
+
+class Ours:
+  name = "ours"
+
+  def __init__(self, directory: str):
+    import jax  # pylint: disable=g-import-not-at-top
+    from spade_jax.models import load_hf  # pylint: disable=g-import-not-at-top
+    from spade_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
+    self.jax = jax
+    self.params, self.cfg = load_hf(directory)
+    self.rule = SamplingConfig(temperature=0.0, eos_id=-1, pad_id=self.cfg.vocab_size - 1)
+
+  def run(self, prompts, new):
+    from spade_jax.sampling import generate  # pylint: disable=g-import-not-at-top
+    g = generate(self.params, self.cfg, prompts, self.rule, self.jax.random.key(0), new)
+    return sum(len(t) for t in g.tokens)
+
+
+class Transformers:
+  name = "transformers"
+
+  def __init__(self, directory: str):
+    import torch  # pylint: disable=g-import-not-at-top
+    import transformers  # pylint: disable=g-import-not-at-top
+    self.torch = torch
+    self.model = transformers.AutoModelForCausalLM.from_pretrained(
+        directory, dtype=torch.float32).eval()
+    self.pad = self.model.config.vocab_size - 1
+
+  def run(self, prompts, new):
+    torch = self.torch
+    P = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), P), self.pad, dtype=torch.long)
+    mask = torch.zeros((len(prompts), P), dtype=torch.long)
+    for i, p in enumerate(prompts):  # left padding
+      ids[i, P - len(p):] = torch.tensor(p)
+      mask[i, P - len(p):] = 1
+    with torch.no_grad():
+      out = self.model.generate(ids, attention_mask=mask, max_new_tokens=new,
+                                min_new_tokens=new, do_sample=False, eos_token_id=None,
+                                pad_token_id=self.pad)
+    return int((out.shape[1] - P) * len(prompts))
+
+
+class _IdsTokenizer:
+  """Text of space-separated ids <-> ids (what Tunix's string API needs)."""
+
+  def __init__(self, end: int):
+    self.end = end
+
+  def encode(self, text, **_):
+    return [int(x) for x in text.split()]
+
+  def decode(self, ids, **_):
+    return " ".join(str(int(i)) for i in ids)
+
+  def bos_id(self):
+    return 0  # falsy: Tunix adds no BOS
+
+  def eos_id(self):
+    return self.end
+
+  def pad_id(self):
+    return self.end
+
+
+class Tunix:
+  name = "tunix"
+
+  def __init__(self, directory: str, size: str, cache_size: int):
+    import jax  # pylint: disable=g-import-not-at-top
+    from jax.sharding import AxisType  # pylint: disable=g-import-not-at-top
+    from tunix.generate import sampler as tsampler  # pylint: disable=g-import-not-at-top
+    from tunix.models.qwen3 import model as tmodel  # pylint: disable=g-import-not-at-top
+    from tunix.models.qwen3 import params as tparams  # pylint: disable=g-import-not-at-top
+    s = SIZES[size]
+    cfg = tmodel.ModelConfig(
+        num_layers=s["num_hidden_layers"], vocab_size=s["vocab_size"],
+        embed_dim=s["hidden_size"], hidden_dim=s["intermediate_size"],
+        num_heads=s["num_attention_heads"], head_dim=s["head_dim"],
+        num_kv_heads=s["num_key_value_heads"], rope_theta=1_000_000, norm_eps=1e-6,
+        use_tied_embedding=False)
+    mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(AxisType.Auto,) * 2,
+                         devices=jax.devices()[:1])
+    with mesh:
+      model = tparams.create_model_from_safe_tensors(directory, cfg, mesh)
+    self.tok = _IdsTokenizer(s["vocab_size"] - 1)
+    self.sampler = tsampler.Sampler(model, self.tok, cache_config=tsampler.CacheConfig(
+        cache_size=cache_size, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim))
+
+  def run(self, prompts, new):
+    P = max(len(p) for p in prompts)
+    out = self.sampler([self.tok.decode(p) for p in prompts], max_generation_steps=new,
+                       max_prompt_length=P, temperature=0.0, echo=False)
+    return sum(len(t) for t in out.tokens)
+
+
+def _configs():
+  if _FULL.value:
+    return list(itertools.product(["tiny", "50m"], [1, 8, 32], [64, 512], [128, 512]))
+  flagged = [f for f in ("models", "batches", "prompts", "new") if flags.FLAGS[f].present]
+  if not flagged:
+    return DEFAULT
+  return list(itertools.product(_MODELS.value, [int(b) for b in _BATCHES.value],
+                                [int(p) for p in _PROMPTS.value], [int(n) for n in _NEW.value]))
+
+
+def _prompts(batch: int, length: int, vocab: int, seed: int):
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  # Uneven prompts: lengths from half to the full length.
+  lens = [length] + [int(rng.integers(length // 2, length + 1)) for _ in range(batch - 1)]
+  return [rng.integers(1, vocab - 1, n).tolist() for n in lens]
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_platforms", "cpu")
+  results = []
+  by_model: dict[str, list] = {}
+  for cfg in _configs():
+    by_model.setdefault(cfg[0], []).append(cfg[1:])
+  for size, runs in by_model.items():
+    with tempfile.TemporaryDirectory() as d:
+      write_checkpoint(size, d)
+      max_cache = max(p + n for _, p, n in runs)
+      engines = [Ours(d)]
+      if "transformers" in _PEERS.value:
+        engines.append(Transformers(d))
+      if "tunix" in _PEERS.value:
+        engines.append(Tunix(d, size, cache_size=max_cache))
+      for batch, plen, new in runs:
+        prompts = _prompts(batch, plen, SIZES[size]["vocab_size"], seed=batch * 7919 + plen)
+        for e in engines:  # warm-up: compile
+          e.run(prompts, new)
+        rates = {e.name: [] for e in engines}
+        for _ in range(_REPEATS.value):
+          for e in engines:
+            t0 = time.perf_counter()
+            n = e.run(prompts, new)
+            rates[e.name].append(n / (time.perf_counter() - t0))
+        med = {k: statistics.median(v) for k, v in rates.items()}
+        row = dict(model=size, batch=batch, prompt=plen, new=new,
+                   **{f"{k}_tok_s": round(v, 1) for k, v in med.items()})
+        line = (f"{size:5s} batch {batch:3d} prompt {plen:4d} new {new:4d}: " +
+                "  ".join(f"{k} {v:9.1f} tok/s" for k, v in med.items()))
+        for k, v in med.items():
+          if k != "ours":
+            row[f"ours_over_{k}"] = round(med["ours"] / v, 2)
+            line += f"  ours/{k} {med['ours'] / v:5.2f}x"
+        print(line, flush=True)
+        results.append(row)
+  if _JSON.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
+    with open(_JSON.value, "w") as f:
+      json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)

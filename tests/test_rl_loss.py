@@ -324,3 +324,85 @@ def test_bad_shapes_raise():
   inp["advantages"] = inp["advantages"][:, None]
   with pytest.raises(ValueError, match="advantages"):
     rl_loss.grpo_loss(**inp)
+
+
+# ---------------------------------------------------------------------------
+# Packed rows: several sequences per row, keyed by segment ids
+# ---------------------------------------------------------------------------
+
+PAD = 2  # padding tokens (segment 0) at the end of each packed row
+
+
+def pack_pairs(batch):
+  """Rows (0, 1), (2, 3), ... of BATCH packed into one row each, plus padding.
+
+  Returns the packed inputs and the [B, T] -> packed index map.
+  """
+  out = {}
+  for k in ("lp", "old", "ref", "sampler"):
+    x = batch[k].reshape(B // 2, 2 * T)
+    out[k] = np.concatenate([x, np.full((B // 2, PAD), np.nan)], axis=1)
+  mask = batch["mask"].reshape(B // 2, 2 * T)
+  # Padding is marked trainable on purpose: segment 0 must win over the mask.
+  out["mask"] = np.concatenate([mask, np.ones((B // 2, PAD), bool)], axis=1)
+  seg = np.repeat(np.array([[1, 2]]), T, axis=1).repeat(B // 2, axis=0)
+  out["seg"] = np.concatenate([seg, np.zeros((B // 2, PAD), int)], axis=1)
+  adv = np.repeat(batch["adv"], T).reshape(B // 2, 2 * T)
+  out["adv"] = np.concatenate([adv, np.full((B // 2, PAD), np.inf)], axis=1)
+  return out
+
+
+def packed_inputs(p):
+  f = lambda k: jnp.asarray(p[k], jnp.float32)
+  return dict(logps=f("lp"), old_logps=f("old"), advantages=f("adv"),
+              mask=jnp.asarray(p["mask"]), ref_logps=f("ref"),
+              sampler_logps=f("sampler"), segment_ids=jnp.asarray(p["seg"]))
+
+
+@pytest.mark.parametrize("agg", sorted(rl_loss.AGGREGATIONS))
+@pytest.mark.parametrize("level", rl_loss.RATIO_LEVELS)
+def test_packed_rows_equal_one_sequence_per_row(agg, level):
+  cfg = rl_loss.LossConfig(
+      aggregation=agg, ratio_level=level, dual_clip=DUAL_C, kl_coef=0.1,
+      tis_cap=TIS_CAP, entropy_coef=0.03, dr_grpo_norm=10)
+  want_loss, want_m, want_g = jax_loss_and_grad(jax_inputs(BATCH), cfg, True, True)
+  packed = packed_inputs(pack_pairs(BATCH))
+  lp = packed.pop("logps")
+  f = lambda x: rl_loss.grpo_loss(x, **packed, config=cfg)
+  (loss, m), g = jax.value_and_grad(f, has_aux=True)(lp)
+  np.testing.assert_allclose(loss, want_loss, rtol=1e-6, atol=1e-7)
+  assert set(m) == set(want_m)
+  for k in want_m:
+    np.testing.assert_allclose(m[k], want_m[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  g = np.asarray(g)
+  np.testing.assert_allclose(g[:, :2 * T].reshape(B, T), want_g, rtol=1e-5, atol=1e-7)
+  assert np.all(g[:, 2 * T:] == 0.0)
+
+
+def test_per_token_advantages_equal_per_row():
+  cfg = rl_loss.LossConfig(ratio_level="sequence", aggregation="seq_mean_token_mean")
+  inp = jax_inputs(BATCH)
+  want = rl_loss.grpo_loss(**inp, config=cfg)[0]
+  inp["advantages"] = jnp.broadcast_to(inp["advantages"][:, None], (B, T))
+  np.testing.assert_allclose(rl_loss.grpo_loss(**inp, config=cfg)[0], want, rtol=1e-6)
+
+
+def test_sequences_from_segment_ids():
+  seg = jnp.array([[1, 1, 2, 2, 2, 0], [5, 5, 5, 5, 5, 5]])
+  s = rl_loss.sequences(seg.shape, seg)
+  np.testing.assert_array_equal(s.ids, [[0, 0, 1, 1, 1, 2], [6, 6, 6, 6, 6, 6]])
+  assert s.num == 12
+  np.testing.assert_array_equal(np.nonzero(np.asarray(s.present))[0], [0, 1, 6])
+
+
+def test_packed_micro_batches_are_exact():
+  cfg = rl_loss.LossConfig(aggregation="seq_mean_token_mean", ratio_level="sequence",
+                           kl_coef=0.05)
+  p = packed_inputs(pack_pairs(BATCH))
+  want = rl_loss.grpo_loss(**p, config=cfg)[0]
+  acc_s = acc_d = 0.0
+  for i in range(2):
+    part = {k: v[2 * i:2 * i + 2] for k, v in p.items()}
+    s, d, _ = rl_loss.grpo_loss_terms(part.pop("logps"), **part, config=cfg)
+    acc_s, acc_d = acc_s + s, acc_d + d
+  np.testing.assert_allclose(rl_loss.finalize_loss(acc_s, acc_d), want, atol=1e-6)

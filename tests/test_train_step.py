@@ -1,12 +1,14 @@
 """Sharded GRPO train step: device-count invariance, exact accumulation, errors."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from spade_jax import parallel
 from spade_jax.models import get_preset
-from spade_jax.rl import LossConfig, OptimizerConfig, TrainConfig, Trainer
+from spade_jax.rl import (BATCH_FIELDS, LossConfig, OptimizerConfig, TrainConfig,
+                          Trainer)
 
 CFG = get_preset("tiny")
 B, T = 8, 64
@@ -25,10 +27,10 @@ def _batch(seed=0):
 
 
 def _run(mesh_cfg, devices, microbatches=1, loss=LossConfig(), steps=2,
-         opt=OptimizerConfig(learning_rate=1e-3)):
+         opt=OptimizerConfig(learning_rate=1e-3), chunk=16):
   mesh = parallel.make_mesh(mesh_cfg, devices)
-  tr = Trainer(CFG, TrainConfig(B, T, microbatches), loss, opt, mesh,
-               parallel.RULE_SETS[mesh_cfg.rules])
+  tr = Trainer(CFG, TrainConfig(B, T, microbatches, logprob_chunk=chunk), loss, opt,
+               mesh, parallel.RULE_SETS[mesh_cfg.rules])
   state = tr.init_state(jax.random.key(0))
   for i in range(steps):
     state, m = tr.step(state, _batch(i))
@@ -78,8 +80,8 @@ def test_role_token_counts_and_metrics(single):
 def test_kl_reference_only_traced_when_used(monkeypatch):
   from spade_jax.rl import train_step
   calls = []
-  real = train_step.token_logprobs
-  monkeypatch.setattr(train_step, "token_logprobs",
+  real = train_step.chunked_token_logprobs
+  monkeypatch.setattr(train_step, "chunked_token_logprobs",
                       lambda *a, **k: (calls.append(1), real(*a, **k))[1])
   _run(parallel.MeshConfig(), jax.devices()[:1], steps=1)
   assert len(calls) == 1  # policy only
@@ -100,3 +102,63 @@ def test_bad_batch_and_split_errors():
   bad["tokens"] = bad["tokens"][:, :10]
   with pytest.raises(ValueError, match="'tokens' has shape"):
     tr.step(tr.init_state(jax.random.key(0)), bad)
+
+
+def test_chunked_logprobs_step_equals_full_logits(single):
+  params, m = _run(parallel.MeshConfig(), jax.devices()[:1], chunk=0)
+  np.testing.assert_allclose(m["loss"], single[1]["loss"], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(m["grad_norm"], single[1]["grad_norm"], rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(single[0])):
+    np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_masked_tokens_get_exactly_zero_gradient():
+  """Through the chunked log-probs: garbage on masked tokens changes nothing."""
+  mesh = parallel.make_mesh(parallel.MeshConfig(), jax.devices()[:1])
+  tr = Trainer(CFG, TrainConfig(B, T, logprob_chunk=16), LossConfig(kl_coef=0.0),
+               OptimizerConfig(), mesh, parallel.RULE_SETS["fsdp"])
+  params = tr.init_state(jax.random.key(0)).params
+  grad = jax.jit(jax.grad(lambda p, mb: tr._micro_terms(p, None, mb)[0]))
+  as_jax = lambda b: {k: jnp.asarray(np.broadcast_to(
+      np.asarray(v)[:, None] if np.ndim(v) == 1 else v, (B, T)), BATCH_FIELDS[k])
+                      for k, v in b.items()}
+  clean = _batch()
+  dirty = dict(clean)
+  masked = ~clean["loss_mask"]
+  dirty["old_logps"] = np.where(masked, np.nan, clean["old_logps"]).astype(np.float32)
+  dirty["advantages"] = np.where(masked, np.inf, clean["advantages"][:, None])
+  pad = clean["segment_ids"] == 0  # padding tokens: nothing attends to them
+  dirty["tokens"] = np.where(pad, 7, clean["tokens"])
+  g_clean, g_dirty = grad(params, as_jax(clean)), grad(params, as_jax(dirty))
+  for a, b in zip(jax.tree.leaves(g_clean), jax.tree.leaves(g_dirty)):
+    np.testing.assert_array_equal(a, b)
+  none = dict(clean, loss_mask=np.zeros((B, T), bool))
+  assert all(np.all(g == 0) for g in jax.tree.leaves(grad(params, as_jax(none))))
+
+
+def test_per_token_fields_accepted_and_checked():
+  mesh = parallel.make_mesh(parallel.MeshConfig(), jax.devices()[:1])
+  tr = Trainer(CFG, TrainConfig(B, T, logprob_chunk=16), LossConfig(),
+               OptimizerConfig(learning_rate=1e-3), mesh, parallel.RULE_SETS["fsdp"])
+  state = tr.init_state(jax.random.key(0))
+  row = _batch()
+  tok = dict(row, advantages=np.repeat(row["advantages"][:, None], T, 1),
+             role=np.repeat(row["role"][:, None], T, 1))
+  _, m_row = tr.step(state, row)
+  state = tr.init_state(jax.random.key(0))
+  _, m_tok = tr.step(state, tok)
+  np.testing.assert_allclose(m_tok["loss"], m_row["loss"], rtol=1e-6)
+  assert m_tok["agent_tokens"] == m_row["agent_tokens"]
+  with pytest.raises(ValueError, match=r"'advantages' has shape \(8, 3\)"):
+    tr.step(state, dict(row, advantages=np.zeros((B, 3))))
+
+
+@pytest.mark.slow
+def test_benchmark_scripts_smoke(tmp_path):
+  import argparse
+  from experiments.benchmarks import gpu_mfu, plan_memory
+  (r,) = gpu_mfu.main(["--smoke", f"--out={tmp_path}"])
+  assert (tmp_path / "gpu_mfu.json").exists() and r["tokens_per_s"] > 0
+  args = plan_memory._parse(["--devices=8", "--seq_len=64", "--logprob_chunk=16"])
+  out = plan_memory.plan("tiny", args)
+  assert out["fits"] and out["argument"] > 0 and out["mesh"]["fsdp"] == 8

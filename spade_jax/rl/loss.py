@@ -32,6 +32,15 @@ which is what gradient accumulation needs. Metrics are carried the same way, as
 sums, counts, maxima and minima (see ``combine_metric_sums`` and
 ``finalize_metrics``).
 
+Packed batches. A row may hold several sequences (episodes, programs) one
+after another, told apart by ``segment_ids [B, T]`` (contiguous runs of equal
+id; 0 is padding). Advantages are then given per token, ``[B, T]``, constant
+over each sequence. Everything that is "per sequence" (the sequence-mean
+aggregation, the GSPO ratio, the Dr. GRPO sequence count) is keyed by segment
+instead of by row, so a packed batch gives the same loss as the same sequences
+laid out one per row. Without ``segment_ids`` each row is one sequence and
+``advantages`` may be ``[B]``.
+
 ``old_logps``, ``ref_logps``, ``sampler_logps`` and ``advantages`` are treated
 as constants (gradients are stopped). Masked tokens are replaced by zeros
 before any arithmetic, so they receive exactly zero gradient and may hold any
@@ -41,7 +50,7 @@ value, including ``nan`` and ``inf``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -99,41 +108,94 @@ def get_kl_estimator(name: str) -> Callable[[Array, Array], Array]:
 
 
 # ---------------------------------------------------------------------------
+# Sequences: rows, or segments of packed rows.
+# ---------------------------------------------------------------------------
+
+
+class Sequences(NamedTuple):
+  """Which sequence every token belongs to.
+
+  Attributes:
+    ids: [B, T] int, index of the token's sequence in [0, num).
+    num: static number of sequence slots (B unpacked, B * T packed).
+    present: [num] float, 1 for slots that hold a sequence (every row when
+      unpacked; every non-padding segment when packed), else 0.
+  """
+
+  ids: Array
+  num: int
+  present: Array
+
+  def sum(self, x: Array) -> Array:
+    """Per-sequence sums of a [B, T] array -> [num]."""
+    return jax.ops.segment_sum(x.reshape(-1), self.ids.reshape(-1),
+                               num_segments=self.num)
+
+
+def sequences(shape: tuple[int, int], segment_ids: Array | None) -> Sequences:
+  """Sequence index of every token of a [B, T] batch.
+
+  Args:
+    shape: (B, T).
+    segment_ids: [B, T] int or None. Each contiguous run of one id within a
+      row is a sequence; id 0 is padding (a slot that is not `present`).
+      None makes every row one sequence.
+
+  Returns:
+    `Sequences` for the batch.
+  """
+  b, t = shape
+  if segment_ids is None:
+    ids = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+    return Sequences(ids, b, jnp.ones((b,), jnp.float32))
+  seg = segment_ids.astype(jnp.int32)
+  start = jnp.concatenate(
+      [jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+  ids = jnp.cumsum(start, axis=1) - 1 + t * jnp.arange(b)[:, None]
+  present = jax.ops.segment_max((seg > 0).reshape(-1).astype(jnp.float32),
+                                ids.reshape(-1), num_segments=b * t)
+  return Sequences(ids, b * t, jnp.maximum(present, 0.0))
+
+
+# ---------------------------------------------------------------------------
 # Aggregation modes. Each maps masked per-token losses to (loss_sum, denom),
-# both sums over rows, so that micro-batch accumulation is exact.
+# both sums over sequences, so that micro-batch accumulation is exact.
 # ---------------------------------------------------------------------------
 
 
 def _agg_token_mean(
-    per_token: Array, mask: Array, config: "LossConfig"
+    per_token: Array, mask: Array, seqs: Sequences, config: "LossConfig"
 ) -> tuple[Array, Array]:
   """Mean over all valid tokens of the batch (DAPO token-level loss)."""
-  del config
+  del seqs, config
   return jnp.sum(per_token * mask), jnp.sum(mask)
 
 
 def _agg_seq_mean_token_mean(
-    per_token: Array, mask: Array, config: "LossConfig"
+    per_token: Array, mask: Array, seqs: Sequences, config: "LossConfig"
 ) -> tuple[Array, Array]:
   """Mean over non-empty sequences of each sequence's token mean."""
   del config
-  n = jnp.sum(mask, axis=-1)
-  row_mean = jnp.sum(per_token * mask, axis=-1) / jnp.maximum(n, 1.0)
-  return jnp.sum(row_mean), jnp.sum((n > 0).astype(per_token.dtype))
+  n = seqs.sum(mask)
+  seq_mean = seqs.sum(per_token * mask) / jnp.maximum(n, 1.0)
+  return jnp.sum(seq_mean), jnp.sum((n > 0).astype(per_token.dtype))
 
 
 def _agg_dr_grpo(
-    per_token: Array, mask: Array, config: "LossConfig"
+    per_token: Array, mask: Array, seqs: Sequences, config: "LossConfig"
 ) -> tuple[Array, Array]:
-  """Token sum divided by a constant B * dr_grpo_norm (Dr. GRPO)."""
-  batch, length = per_token.shape
-  norm = length if config.dr_grpo_norm is None else config.dr_grpo_norm
-  denom = jnp.asarray(float(batch * norm), dtype=per_token.dtype)
+  """Token sum divided by (number of sequences) * dr_grpo_norm (Dr. GRPO).
+
+  Unpacked, every row counts as a sequence (B * norm, as in the paper);
+  packed, every non-padding segment does.
+  """
+  norm = per_token.shape[1] if config.dr_grpo_norm is None else config.dr_grpo_norm
+  denom = jnp.sum(seqs.present).astype(per_token.dtype) * float(norm)
   return jnp.sum(per_token * mask), denom
 
 
 AGGREGATIONS: Mapping[
-    str, Callable[[Array, Array, "LossConfig"], tuple[Array, Array]]
+    str, Callable[[Array, Array, Sequences, "LossConfig"], tuple[Array, Array]]
 ] = {
     "token_mean": _agg_token_mean,
     "seq_mean_token_mean": _agg_seq_mean_token_mean,
@@ -143,7 +205,7 @@ AGGREGATIONS: Mapping[
 
 def get_aggregation(
     name: str,
-) -> Callable[[Array, Array, "LossConfig"], tuple[Array, Array]]:
+) -> Callable[[Array, Array, Sequences, "LossConfig"], tuple[Array, Array]]:
   """Returns the aggregation mode registered under `name`.
 
   Args:
@@ -151,8 +213,8 @@ def get_aggregation(
       "dr_grpo").
 
   Returns:
-    A function `(per_token [B, T], mask [B, T] float, config) ->
-    (loss_sum [], denom [])`.
+    A function `(per_token [B, T], mask [B, T] float, seqs: Sequences,
+    config) -> (loss_sum [], denom [])`.
 
   Raises:
     ValueError: if `name` is not registered.
@@ -183,7 +245,8 @@ class LossConfig:
     aggregation: name in `AGGREGATIONS`.
     dr_grpo_norm: tokens per sequence used as the constant normaliser of the
       "dr_grpo" aggregation (e.g. the maximum generation length); None uses
-      the padded length T of the batch.
+      the padded length T of the batch (set it explicitly for packed
+      batches, whose T is a row of several sequences).
     tis_cap: truncated importance sampling cap on
       `exp(old_logps - sampler_logps)`; None disables the weight (drift
       metrics are still reported when sampler_logps is given).
@@ -239,6 +302,7 @@ def _check_shapes(
     mask: Array,
     ref_logps: Array | None,
     sampler_logps: Array | None,
+    segment_ids: Array | None,
 ) -> None:
   if logps.ndim != 2:
     raise ValueError(
@@ -249,16 +313,19 @@ def _check_shapes(
     named["ref_logps"] = ref_logps
   if sampler_logps is not None:
     named["sampler_logps"] = sampler_logps
+  if segment_ids is not None:
+    named["segment_ids"] = segment_ids
   for name, x in named.items():
     if tuple(x.shape) != tuple(logps.shape):
       raise ValueError(
           f"{name} must have the shape of logps {tuple(logps.shape)}; got "
           f"{tuple(x.shape)}."
       )
-  if tuple(advantages.shape) != (logps.shape[0],):
+  if tuple(advantages.shape) not in ((logps.shape[0],), tuple(logps.shape)):
     raise ValueError(
-        f"advantages must have shape [B] = ({logps.shape[0]},); got "
-        f"{tuple(advantages.shape)}. Pass one advantage per sequence."
+        f"advantages must have shape [B] = ({logps.shape[0]},) (one per row) "
+        f"or [B, T] = {tuple(logps.shape)} (per token, for packed rows); got "
+        f"{tuple(advantages.shape)}."
     )
 
 
@@ -270,6 +337,7 @@ def grpo_loss_terms(
     *,
     ref_logps: Array | None = None,
     sampler_logps: Array | None = None,
+    segment_ids: Array | None = None,
     config: LossConfig = LossConfig(),
 ) -> tuple[Array, Array, Metrics]:
   """GRPO loss as an exactly accumulable (sum, denominator) pair.
@@ -278,12 +346,15 @@ def grpo_loss_terms(
     logps: [B, T] log-probs of the sampled tokens under the current policy.
     old_logps: [B, T] log-probs under the policy that the advantages refer to
       (the trainer's weights at sampling time).
-    advantages: [B] one advantage per sequence.
+    advantages: [B] one advantage per row, or [B, T] per token (constant
+      over each packed sequence; only valid tokens are read).
     mask: [B, T] bool (or 0/1); True for tokens that are trained on.
     ref_logps: [B, T] log-probs under the reference policy; required only when
       `config.kl_coef != 0`. When given, the KL metric is reported.
     sampler_logps: [B, T] log-probs reported by the sampler (inference
       engine); enables the TIS weight and the drift metrics.
+    segment_ids: [B, T] int for packed rows: each contiguous run of one id is
+      a sequence, 0 is padding (never trained on). None: one sequence per row.
     config: static loss hyperparameters.
 
   Returns:
@@ -297,7 +368,8 @@ def grpo_loss_terms(
     ValueError: on mismatched shapes, or when `config.kl_coef != 0` and
       `ref_logps` is None.
   """
-  _check_shapes(logps, old_logps, advantages, mask, ref_logps, sampler_logps)
+  _check_shapes(logps, old_logps, advantages, mask, ref_logps, sampler_logps,
+                segment_ids)
   if config.kl_coef != 0 and ref_logps is None:
     raise ValueError(
         f"LossConfig.kl_coef={config.kl_coef} needs ref_logps [B, T]; got "
@@ -305,7 +377,10 @@ def grpo_loss_terms(
     )
   sg = jax.lax.stop_gradient
   valid = mask.astype(bool)
+  if segment_ids is not None:
+    valid = valid & (segment_ids > 0)
   m = valid.astype(jnp.float32)
+  seqs = sequences(logps.shape, segment_ids)
 
   def clean(x: Array) -> Array:
     # The `where` sends exactly zero cotangent to masked entries, even when
@@ -314,15 +389,16 @@ def grpo_loss_terms(
 
   logps = clean(logps)
   old = sg(clean(old_logps))
-  adv = sg(advantages.astype(jnp.float32))[:, None]
+  if advantages.ndim == 1:
+    adv = sg(advantages.astype(jnp.float32))[:, None]
+  else:
+    adv = sg(clean(advantages))
 
   log_ratio = logps - old
   if config.ratio_level == "sequence":
-    n = jnp.sum(m, axis=-1, keepdims=True)
-    seq_log_ratio = jnp.sum(log_ratio * m, axis=-1, keepdims=True) / (
-        jnp.maximum(n, 1.0)
-    )
-    log_ratio = jnp.broadcast_to(seq_log_ratio, logps.shape)
+    n = seqs.sum(m)
+    seq_log_ratio = seqs.sum(log_ratio * m) / jnp.maximum(n, 1.0)
+    log_ratio = seq_log_ratio[seqs.ids]
   ratio = jnp.exp(log_ratio)
 
   lo, hi = 1.0 - config.eps_low, 1.0 + config.eps_high
@@ -361,7 +437,8 @@ def grpo_loss_terms(
     per_token = per_token + config.entropy_coef * logps
 
   per_token = jnp.where(valid, per_token, 0.0)
-  loss_sum, denom = get_aggregation(config.aggregation)(per_token, m, config)
+  loss_sum, denom = get_aggregation(config.aggregation)(per_token, m, seqs,
+                                                        config)
 
   neg, pos = adv < 0, adv > 0
   metrics.update({
@@ -476,6 +553,7 @@ def grpo_loss(
     *,
     ref_logps: Array | None = None,
     sampler_logps: Array | None = None,
+    segment_ids: Array | None = None,
     config: LossConfig = LossConfig(),
 ) -> tuple[Array, Metrics]:
   """GRPO loss and finalised metrics for one (full) batch.
@@ -493,6 +571,7 @@ def grpo_loss(
       mask,
       ref_logps=ref_logps,
       sampler_logps=sampler_logps,
+      segment_ids=segment_ids,
       config=config,
   )
   loss = finalize_loss(loss_sum, denom)

@@ -1,14 +1,16 @@
 """One train-state pytree and one pure, sharded, jitted GRPO update.
 
-The batch is a dict of fixed-shape arrays (see `Batch`), so the step compiles
-once per run. Gradients are accumulated over micro-batches as (sum,
-denominator) pairs, which makes any split equal to the full batch.
+The batch is a dict of fixed-shape [B, T] arrays (see `BATCH_FIELDS`), so the
+step compiles once per run. A row may pack several sequences (segment ids,
+per-segment positions, per-token advantages and roles). Gradients are
+accumulated over micro-batches as (sum, denominator) pairs, which makes any
+split equal to the full batch. Log-probs are computed in sequence chunks
+(`TrainConfig.logprob_chunk`), so [B, T, V] logits never exist.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import flax.struct
@@ -18,18 +20,21 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 import optax
 
 from spade_jax import parallel
-from spade_jax.models import ModelConfig, init_params, param_axes, token_logprobs
+from spade_jax.models import ModelConfig, init_params, param_axes
 from spade_jax.rl import loss as loss_lib
+from spade_jax.rl.logprobs import chunked_token_logprobs
 from spade_jax.rl.optimizer import OptimizerConfig, make_optimizer
 
-# Batch fields and their dtypes; every field is [B, T] except `advantages`
-# and `role` ([B]).
+# Batch fields and their dtypes; every field is [B, T]. `advantages` and `role`
+# are per token (constant over each packed sequence); `Trainer.step` also
+# accepts them as [B] (one sequence per row) and broadcasts.
 BATCH_FIELDS = {
     "tokens": jnp.int32, "positions": jnp.int32, "segment_ids": jnp.int32,
     "loss_mask": jnp.bool_, "old_logps": jnp.float32, "advantages": jnp.float32,
     "role": jnp.int32,
 }
 ROLES = ("designer", "agent")
+PER_ROW_FIELDS = ("advantages", "role")
 
 
 @flax.struct.dataclass
@@ -50,11 +55,22 @@ class TrainConfig:
     batch_size: rows per update (fixed; unused rows have an empty loss mask).
     seq_len: tokens per row.
     num_microbatches: gradient accumulation steps; must divide batch_size.
+    logprob_chunk: positions per chunk of the output projection and
+      log-softmax (peak logits memory B/num_microbatches * chunk * V floats,
+      recomputed chunk by chunk in the backward pass); 0 computes full
+      [B, T, V] logits. The decoder's own rematerialisation is
+      `ModelConfig.remat`.
   """
 
   batch_size: int = 8
   seq_len: int = 2048
   num_microbatches: int = 1
+  logprob_chunk: int = 512
+
+  def __post_init__(self):
+    if self.logprob_chunk < 0:
+      raise ValueError(f"train.logprob_chunk={self.logprob_chunk}; expected a "
+                       "positive chunk length, or 0 for unchunked log-probs.")
 
 
 class Trainer:
@@ -76,9 +92,8 @@ class Trainer:
     self.mesh, self.rules = mesh, rules
     self.tx = make_optimizer(opt_cfg)
     self.state_shardings = self._state_shardings()
-    self.batch_shardings = {
-        k: parallel.batch_sharding(mesh, rules, 1 if k in ("advantages", "role") else 2)
-        for k in BATCH_FIELDS}
+    self.batch_shardings = {k: parallel.batch_sharding(mesh, rules, 2)
+                            for k in BATCH_FIELDS}
     self._step = jax.jit(self._update, in_shardings=(self.state_shardings,
                                                      self.batch_shardings),
                          out_shardings=(self.state_shardings, None),
@@ -122,22 +137,30 @@ class Trainer:
                       ref_params=params if self.loss_cfg.kl_coef else None)
 
   # -- update ----------------------------------------------------------------
+  def _logps(self, params, mb):
+    return chunked_token_logprobs(params, self.model_cfg, mb["tokens"],
+                                  mb["positions"], mb["segment_ids"],
+                                  self.train_cfg.logprob_chunk)
+
   def _micro_terms(self, params, ref_params, mb):
-    logps = token_logprobs(params, self.model_cfg, mb["tokens"], mb["positions"],
-                           mb["segment_ids"])
+    logps = self._logps(params, mb)
     ref = None
     if self.loss_cfg.kl_coef:
-      ref = jax.lax.stop_gradient(token_logprobs(
-          ref_params, self.model_cfg, mb["tokens"], mb["positions"], mb["segment_ids"]))
+      ref = jax.lax.stop_gradient(self._logps(ref_params, mb))
     loss_sum, denom, sums = loss_lib.grpo_loss_terms(
         logps, mb["old_logps"], mb["advantages"], mb["loss_mask"],
-        ref_logps=ref, config=self.loss_cfg)
-    mask = mb["loss_mask"]
+        ref_logps=ref, segment_ids=mb["segment_ids"], config=self.loss_cfg)
+    mask = mb["loss_mask"] & (mb["segment_ids"] > 0)
     for r, name in enumerate(ROLES):
-      sums[f"{name}_tokens"] = jnp.sum(mask & (mb["role"] == r)[:, None])
+      sums[f"{name}_tokens"] = jnp.sum(mask & (mb["role"] == r))
     return loss_sum, (denom, sums)
 
   def _update(self, state: TrainState, batch: dict[str, jax.Array]):
+    # Activations follow the same logical-axis rules as the parameters.
+    with parallel.activation_sharding(self.mesh, self.rules):
+      return self._update_body(state, batch)
+
+  def _update_body(self, state: TrainState, batch: dict[str, jax.Array]):
     n = self.train_cfg.num_microbatches
     micro = jax.tree.map(lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), batch)
     grad_fn = jax.value_and_grad(self._micro_terms, has_aux=True)
@@ -168,16 +191,46 @@ class Trainer:
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
-  def step(self, state: TrainState, batch: dict[str, Any]):
-    """Applies one update. `batch` holds numpy or jax arrays of fixed shapes."""
+  def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
+    """Shapes, dtypes and shardings of a batch, for lowering without data."""
     B, T = self.train_cfg.batch_size, self.train_cfg.seq_len
+    return {k: jax.ShapeDtypeStruct((B, T), dt, sharding=self.batch_shardings[k])
+            for k, dt in BATCH_FIELDS.items()}
+
+  def lower(self, state=None, batch=None):
+    """Lowers the update for (abstract by default) state and batch."""
+    state = self.abstract_state_sharded() if state is None else state
+    return self._step.lower(state, self.abstract_batch() if batch is None else batch)
+
+  def abstract_state_sharded(self) -> TrainState:
+    """`abstract_state` with each leaf carrying its sharding."""
+    return jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        self.abstract_state(), self.state_shardings)
+
+  def step(self, state: TrainState, batch: dict[str, Any]):
+    """Applies one update.
+
+    Args:
+      state: the train state.
+      batch: numpy or jax arrays, every field of `BATCH_FIELDS` as
+        [train.batch_size, train.seq_len]; `advantages` and `role` may also be
+        [train.batch_size] (one sequence per row).
+
+    Returns:
+      (new state, metrics).
+    """
+    B, T = self.train_cfg.batch_size, self.train_cfg.seq_len
+    arrays = {}
     for k, dt in BATCH_FIELDS.items():
       if k not in batch:
         raise ValueError(f"Batch is missing field {k!r}; expected {sorted(BATCH_FIELDS)}.")
-      want = (B,) if k in ("advantages", "role") else (B, T)
-      if tuple(batch[k].shape) != want:
-        raise ValueError(f"Batch field {k!r} has shape {tuple(batch[k].shape)}; "
-                         f"expected {want} (train.batch_size, train.seq_len).")
-    arrays = {k: jax.device_put(jnp.asarray(batch[k], BATCH_FIELDS[k]),
-                                self.batch_shardings[k]) for k in BATCH_FIELDS}
+      x = batch[k]
+      if k in PER_ROW_FIELDS and tuple(x.shape) == (B,):
+        x = jnp.broadcast_to(jnp.asarray(x, dt)[:, None], (B, T))
+      if tuple(x.shape) != (B, T):
+        allowed = f"{(B, T)} or {(B,)}" if k in PER_ROW_FIELDS else f"{(B, T)}"
+        raise ValueError(f"Batch field {k!r} has shape {tuple(x.shape)}; "
+                         f"expected {allowed} (train.batch_size, train.seq_len).")
+      arrays[k] = jax.device_put(jnp.asarray(x, dt), self.batch_shardings[k])
     return self._step(state, arrays)

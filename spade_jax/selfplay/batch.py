@@ -1,4 +1,11 @@
-"""Packs designer samples and agent episodes into one fixed-shape GRPO batch."""
+"""Packs designer samples and agent episodes into one fixed-shape GRPO batch.
+
+Sequences are packed several per row (first-fit, longest first): each gets a
+segment id (1, 2, ... within its row), positions that restart at 0, and its
+advantage and role on every one of its tokens. The model attends only within
+a segment, and the loss keys its per-sequence terms by segment, so packing
+changes throughput, not the update.
+"""
 
 from __future__ import annotations
 
@@ -28,12 +35,53 @@ class Row:
       raise ValueError(f"Row role {self.role!r}; expected one of {ROLES}.")
 
 
-def build_batch(rows: Sequence[Row], batch_size: int, seq_len: int,
-                pad_id: int = 0) -> tuple[dict[str, np.ndarray], dict[str, float]]:
-  """Lays rows out as [batch_size, seq_len] arrays (one sequence per row).
+def first_fit(lengths: Sequence[int], num_bins: int, capacity: int) -> list[int]:
+  """First-fit-decreasing assignment of items to bins.
 
-  Rows beyond `batch_size` are dropped and tokens beyond `seq_len` cut; both
-  are counted in the returned stats. Unused rows have an empty loss mask.
+  Args:
+    lengths: item sizes (each at most `capacity`).
+    num_bins: number of bins (rows).
+    capacity: size of every bin (tokens per row).
+
+  Returns:
+    The bin of each item, or -1 for items that fit in no bin. Ties keep the
+    input order, so the assignment is deterministic.
+  """
+  free = [capacity] * num_bins
+  where = [-1] * len(lengths)
+  for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+    for b in range(num_bins):
+      if free[b] >= lengths[i]:
+        free[b] -= lengths[i]
+        where[i] = b
+        break
+  return where
+
+
+def build_batch(rows: Sequence[Row], batch_size: int, seq_len: int,
+                pad_id: int = 0, pack: bool = True
+                ) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+  """Lays sequences out as [batch_size, seq_len] arrays.
+
+  Args:
+    rows: the sequences to train on.
+    batch_size: rows B of the batch.
+    seq_len: tokens T per row.
+    pad_id: token id of padding.
+    pack: pack several sequences per row (first-fit decreasing); False puts
+      one sequence per row in input order.
+
+  Returns:
+    (arrays, stats). arrays: "tokens", "positions", "segment_ids" (0 =
+    padding), "loss_mask", "old_logps", "advantages" (per token) and "role"
+    (per token, index into `ROLES`), all [B, T]. stats: "batch/rows"
+    (sequences placed), "batch/dropped_rows" (sequences that did not fit),
+    "batch/cut_tokens" (tokens beyond seq_len cut from long sequences),
+    "batch/rows_used", "batch/packing_efficiency" (placed tokens / (B * T)),
+    "batch/loss_tokens" and per-role sequence counts.
+
+  Sequences longer than `seq_len` are cut; the first token of every
+  sequence is never trained on (nothing predicts it).
   """
   B, T = batch_size, seq_len
   out = {
@@ -42,23 +90,39 @@ def build_batch(rows: Sequence[Row], batch_size: int, seq_len: int,
       "segment_ids": np.zeros((B, T), np.int32),
       "loss_mask": np.zeros((B, T), bool),
       "old_logps": np.zeros((B, T), np.float32),
-      "advantages": np.zeros((B,), np.float32),
-      "role": np.zeros((B,), np.int32),
+      "advantages": np.zeros((B, T), np.float32),
+      "role": np.zeros((B, T), np.int32),
   }
-  cut = 0
-  for i, row in enumerate(rows[:B]):
-    n = min(len(row.tokens), T)
-    cut += len(row.tokens) - n
-    out["tokens"][i, :n] = row.tokens[:n]
-    out["positions"][i, :n] = np.arange(n)
-    out["segment_ids"][i, :n] = 1
-    out["loss_mask"][i, :n] = row.loss_mask[:n]
-    out["old_logps"][i, :n] = row.logps[:n]
-    out["advantages"][i] = row.advantage
-    out["role"][i] = ROLES.index(row.role)
-  stats = {"batch/rows": float(min(len(rows), B)),
-           "batch/dropped_rows": float(max(0, len(rows) - B)),
-           "batch/cut_tokens": float(cut)}
+  lengths = [min(len(r.tokens), T) for r in rows]
+  cut = sum(len(r.tokens) - n for r, n in zip(rows, lengths))
+  if pack:
+    where = first_fit(lengths, B, T)
+  else:
+    where = [i if i < B else -1 for i in range(len(rows))]
+  fill = [0] * B
+  segs = [0] * B
+  placed = []
+  for i, (row, n, b) in enumerate(zip(rows, lengths, where)):
+    if b < 0:
+      continue
+    placed.append(i)
+    s, e = fill[b], fill[b] + n
+    segs[b] += 1
+    out["tokens"][b, s:e] = row.tokens[:n]
+    out["positions"][b, s:e] = np.arange(n)
+    out["segment_ids"][b, s:e] = segs[b]
+    out["loss_mask"][b, s:e] = row.loss_mask[:n]
+    out["loss_mask"][b, s] = False
+    out["old_logps"][b, s:e] = row.logps[:n]
+    out["advantages"][b, s:e] = row.advantage
+    out["role"][b, s:e] = ROLES.index(row.role)
+    fill[b] = e
+  stats = {"batch/rows": float(len(placed)),
+           "batch/dropped_rows": float(len(rows) - len(placed)),
+           "batch/cut_tokens": float(cut),
+           "batch/rows_used": float(sum(1 for f in fill if f)),
+           "batch/packing_efficiency": float(sum(fill)) / float(B * T),
+           "batch/loss_tokens": float(out["loss_mask"].sum())}
   for r in ROLES:
-    stats[f"batch/{r}_rows"] = float(sum(1 for x in rows[:B] if x.role == r))
+    stats[f"batch/{r}_rows"] = float(sum(1 for i in placed if rows[i].role == r))
   return out, stats

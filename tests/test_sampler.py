@@ -16,9 +16,12 @@ def params():
   return init_params(jax.random.key(0), CFG)
 
 
-def _full_logps(params, seq):
-  t = jnp.array([seq])
-  return np.asarray(token_logprobs(params, CFG, t, jnp.arange(len(seq))[None], jnp.ones_like(t)))[0]
+def _full_logps(params, seq, width=64):
+  """One full forward, padded to `width` so every call shares one program."""
+  n = len(seq)
+  t = jnp.array([list(seq) + [0] * (width - n)])
+  seg = jnp.array([[1] * n + [0] * (width - n)])
+  return np.asarray(token_logprobs(params, CFG, t, jnp.arange(width)[None], seg))[0, :n]
 
 
 def test_logprobs_match_full_forward_with_ragged_prompts(params):
@@ -35,12 +38,15 @@ def test_greedy_equals_step_by_step_argmax(params):
   prompt = [20, 21, 22, 23]
   g = generate(params, CFG, [prompt], SamplingConfig(temperature=0.0, eos_id=-1),
                jax.random.key(0), 10)
+  from spade_jax.models import forward, segment_mask
+  width = 16
+  step = jax.jit(lambda t, seg: forward(params, CFG, t, jnp.arange(width)[None],
+                                        segment_mask(seg))[0])
   seq = list(prompt)
   for _ in range(10):
-    t = jnp.array([seq])
-    from spade_jax.models import forward, segment_mask
-    logits, _ = forward(params, CFG, t, jnp.arange(len(seq))[None], segment_mask(jnp.ones_like(t)))
-    seq.append(int(jnp.argmax(logits[0, -1])))
+    n = len(seq)
+    logits = step(jnp.array([seq + [0] * (width - n)]), jnp.array([[1] * n + [0] * (width - n)]))
+    seq.append(int(jnp.argmax(logits[0, n - 1])))
   assert g.tokens[0] == seq[len(prompt):]
 
 

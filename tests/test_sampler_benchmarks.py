@@ -5,7 +5,10 @@ import os
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_gpu_decode_smoke_writes_json(tmp_path):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = {**os.environ, "OUT": str(tmp_path), "JAX_PLATFORMS": "cpu",

@@ -64,7 +64,7 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
                  policy: Policy, chat: ChatTemplate, system_prompt: Callable[[str | None], str],
                  *, max_turns: int, max_turn_tokens: int, max_len: int,
                  hint_fn: Callable[[list], list[str | None]] | None = None,
-                 max_slots: int | None = None) -> list[Episode]:
+                 max_slots: int | None = None, action_mode: str = "auto") -> list[Episode]:
   """Plays every spec to the end and returns one `Episode` per spec.
 
   Args:
@@ -85,12 +85,16 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
       from the programs' own hint().
     max_slots: with a `Sampler`, rows of the engine (default: one per
       episode); episodes beyond it wait for a slot to free up.
+    action_mode: how the sandbox hands each turn's text to `step`: "auto"
+      (games: content of the last \\boxed{}) or "tool_call" (tool use: the JSON
+      inside the last <tool_call>); see `EnvPool.start`.
 
   Returns:
     Episodes in the order of `specs`. Sandbox failures end an episode with the
     failure reason as outcome; they never raise.
   """
-  handles = pool.start([sources[s.env] for s in specs], max_turns=max_turns)
+  handles = pool.start([sources[s.env] for s in specs], max_turns=max_turns,
+                       action_mode=action_mode)
   try:
     resets = pool.reset_many(handles, seeds=[s.seed for s in specs])
     episodes = [Episode(spec, [], [], []) for spec in specs]

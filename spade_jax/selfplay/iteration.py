@@ -251,7 +251,8 @@ class SelfPlay:
         self.chat, lambda h: dz.agent_system_prompt(cfg.setting, h),
         max_turns=cfg.max_turns, max_turn_tokens=cfg.agent_turn_tokens,
         max_len=self.trainer.train_cfg.seq_len,
-        hint_fn=self._program_hints if cfg.hint_source == "program" else None)
+        hint_fn=self._program_hints if cfg.hint_source == "program" else None,
+        action_mode="tool_call" if cfg.setting == "tool_use" else "auto")
     times["play"] = time.perf_counter() - t0
 
     r_n, m_n = np.zeros((E, N), np.float32), np.zeros((E, N), bool)

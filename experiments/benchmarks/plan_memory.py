@@ -18,6 +18,7 @@ pass, not an exact TPU figure (fusion and layouts differ).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -42,6 +43,8 @@ def _parse(argv):
   p.add_argument("--microbatches", type=int, default=1)
   p.add_argument("--logprob_chunk", type=int, default=1024)
   p.add_argument("--remat", default="full")
+  p.add_argument("--moe_impl", default="ragged",
+                 help="MoE expert compute planned for (ragged: the TPU/GPU kernel)")
   p.add_argument("--param_dtype", default="float32",
                  help="master weights (float32: lr 1e-6 updates vanish in bfloat16)")
   p.add_argument("--kl", type=float, default=None,
@@ -57,6 +60,8 @@ def plan(name: str, args) -> dict:
   from spade_jax.models import get_preset, num_params  # pylint: disable=g-import-not-at-top
 
   cfg = get_preset(name, param_dtype=args.param_dtype, remat=args.remat)
+  if cfg.num_experts:
+    cfg = dataclasses.replace(cfg, moe_impl=args.moe_impl)
   sizes = dict(kv.split(":") for kv in args.mesh.split(",") if kv)
   mesh_cfg = parallel.MeshConfig(
       **{k: int(v) for k, v in sizes.items()},

@@ -154,7 +154,15 @@ def _attention(q, k, v, mask, cfg: ModelConfig):
 
 
 def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelConfig):
-  """Pre-norm attention with residual. x: [B, T, D] -> (x, (k, v) as stored)."""
+  """Pre-norm attention with residual.
+
+  Args:
+    x: [B, T, D].
+    cache_kv: None, or (k_all, v_all, layer) with k_all, v_all: [L, B, S, K, E].
+
+  Returns:
+    (x [B, T, D], None or the updated (k_all, v_all)).
+  """
   dt = cfg.dtype
   h = rms_norm(x, lp["attn_norm"], cfg.rms_eps)
   q = jnp.einsum("btd,dhe->bthe", h, lp["q"].astype(dt))
@@ -166,12 +174,18 @@ def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelCo
   q = rope(rms_norm(q, lp["q_norm"], cfg.rms_eps), positions, cfg.rope_theta)
   k = rope(rms_norm(k, lp["k_norm"], cfg.rms_eps), positions, cfg.rope_theta)
   if cache_kv is not None:
-    ck, cv = cache_kv
-    k = jax.lax.dynamic_update_slice_in_dim(ck, k.astype(ck.dtype), cache_index, axis=1)
-    v = jax.lax.dynamic_update_slice_in_dim(cv, v.astype(cv.dtype), cache_index, axis=1)
+    # Write only this chunk into the stacked cache (in place under donation),
+    # then read the layer's keys/values back for attention.
+    ck_all, cv_all, layer = cache_kv
+    at = (layer, 0, cache_index, 0, 0)
+    ck_all = jax.lax.dynamic_update_slice(ck_all, k.astype(ck_all.dtype)[None], at)
+    cv_all = jax.lax.dynamic_update_slice(cv_all, v.astype(cv_all.dtype)[None], at)
+    k = jax.lax.dynamic_index_in_dim(ck_all, layer, 0, keepdims=False)
+    v = jax.lax.dynamic_index_in_dim(cv_all, layer, 0, keepdims=False)
+    cache_kv = (ck_all, cv_all)
   attn = _attention(q, k.astype(dt), v.astype(dt), mask, cfg)
   x = x + jnp.einsum("bthe,hed->btd", attn, lp["o"].astype(dt))
-  return constrain(x, ("batch", "length", "embed")), (k, v)
+  return constrain(x, ("batch", "length", "embed")), cache_kv
 
 
 def _dense_mlp(h, mp, cfg: ModelConfig):
@@ -258,12 +272,8 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
       for j, is_moe in enumerate(pattern):
         lp = jax.tree.map(lambda a, j=j: a[j], gp["attn"])
         if has_cache:
-          ck = jax.lax.dynamic_index_in_dim(ck_all, i, 0, keepdims=False)
-          cv = jax.lax.dynamic_index_in_dim(cv_all, i, 0, keepdims=False)
-          x, (k, v) = _attention_block(x, lp, positions, mask, (ck, cv),
-                                       cache_index, cfg)
-          ck_all = jax.lax.dynamic_update_index_in_dim(ck_all, k, i, 0)
-          cv_all = jax.lax.dynamic_update_index_in_dim(cv_all, v, i, 0)
+          x, (ck_all, cv_all) = _attention_block(x, lp, positions, mask,
+                                                 (ck_all, cv_all, i), cache_index, cfg)
         else:
           x, _ = _attention_block(x, lp, positions, mask, None, None, cfg)
         h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)

@@ -76,9 +76,29 @@ class Ours:
         advantages=rng.normal(size=b).astype(np.float32),
         role=np.ones((b,), np.int32))
 
+    jax = self.jax
+    tr = self.trainer
+    dev = {k: jax.device_put(jax.numpy.asarray(
+        np.broadcast_to(v[:, None], (b, t)) if v.ndim == 1 else v,
+        rl.BATCH_FIELDS[k]), tr.batch_shardings[k]) for k, v in self.batch.items()}
+    self.dev_batch = dev
+    # Pieces of the update, jitted on their own for the breakdown.
+    self.fwd = jax.jit(lambda p: tr._logps(p, dev))
+    self.fwd_bwd = jax.jit(jax.grad(lambda p: tr._micro_terms(p, p, dev)[0]))
+
+  def breakdown(self) -> dict[str, float]:
+    """One timing each of the policy forward and of forward+backward (+ reference)."""
+    out = {}
+    for name, f in (("logps_fwd", self.fwd), ("fwd_bwd", self.fwd_bwd)):
+      self.jax.block_until_ready(f(self.state.params))  # compile
+      t0 = time.perf_counter()
+      self.jax.block_until_ready(f(self.state.params))
+      out[name] = time.perf_counter() - t0
+    return out
+
   def step(self) -> dict[str, float]:
     t0 = time.perf_counter()
-    self.state, m = self.trainer.step(self.state, self.batch)
+    self.state, m = self.trainer.step(self.state, self.dev_batch)
     self.jax.block_until_ready((self.state, m))
     dt = time.perf_counter() - t0
     return {"update": dt, "total": dt}
@@ -244,7 +264,16 @@ def main(argv=None):
           tunix_t[k] += t.times[k][1:]  # drop the compiling step
         tunix_t["total"] += [b - a for a, b in zip(t.ends[:-1], t.ends[1:])]
     ou = _median(ours_t)
-    _row("spade_jax", ours.params, tokens, {"update": ou}, ou)
+    parts = {}
+    for _ in range(3):
+      for k, v in ours.breakdown().items():
+        parts.setdefault(k, []).append(v)
+    parts = {k: _median(v) for k, v in parts.items()}
+    parts["update"] = ou
+    _row("spade_jax", ours.params, tokens, parts, ou)
+    print(f"  (spade_jax parts: logps_fwd = one policy forward with chunked log-probs; "
+          f"fwd_bwd = policy forward+backward and reference forward; update = the "
+          f"whole jitted step incl. AdamW)", flush=True)
     if tunix_t["update"]:
       med = {k: _median(v) for k, v in tunix_t.items()}
       _row("tunix", tunix_params, tokens,

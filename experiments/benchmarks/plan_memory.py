@@ -43,8 +43,10 @@ def _parse(argv):
   p.add_argument("--microbatches", type=int, default=1)
   p.add_argument("--logprob_chunk", type=int, default=1024)
   p.add_argument("--remat", default="full")
-  p.add_argument("--moe_impl", default="ragged",
-                 help="MoE expert compute planned for (ragged: the TPU/GPU kernel)")
+  p.add_argument("--moe_impl", default="blocked",
+                 help="MoE expert compute: blocked (default; the CPU compiler expands "
+                      "ragged_dot densely over all experts, so 'ragged' plans are "
+                      "not representative of TPU/GPU)")
   p.add_argument("--param_dtype", default="float32",
                  help="master weights (float32: lr 1e-6 updates vanish in bfloat16)")
   p.add_argument("--kl", type=float, default=None,

@@ -8,4 +8,4 @@ ensure_venv requirements.txt
 cd "$root"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-3}"
 exec .venv/bin/python -m launch.train --config=experiments/configs/tiny.py \
-  --workdir=/tmp/spade_jax/tiny "$@"
+  --workdir=/tmp/spade_jax/tiny --verbosity=-1 "$@"

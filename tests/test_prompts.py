@@ -7,8 +7,7 @@ import sys
 import pytest
 
 from spade_jax.designer import (SKILLS, Document, MemoryRecord, agent_system_prompt,
-                                clean_hint, designer_prompt, extract_program,
-                                extract_tool_call, finalize_hint, hint_leaks, hint_prompt)
+                                clean_hint, designer_prompt, finalize_hint, hint_leaks, hint_prompt)
 from spade_jax.designer import prompts as prompts_lib
 
 DOC = Document("stdlib/heapq", "Heap queue algorithm. Heaps are binary trees for which every "
@@ -92,17 +91,6 @@ def test_agent_and_hint_prompts():
   rec = big_record()
   hp = hint_prompt(rec.program, "games", max_chars=3_000)
   assert len(hp) <= 3_000 and "class BigEnv" in hp and "<hint>" in hp
-
-
-def test_extract_program_and_tool_call():
-  reply = ("<think>maybe ```python\nbad\n```</think>Here:\n```python\nclass AEnv:\n  pass\n"
-           "```\nand\n```python\nclass BEnv:\n  pass\n```")
-  assert extract_program(reply) == "class BEnv:\n  pass\n"
-  assert extract_program("no code") is None
-  turn = ('<tool_call>{"name": "a"}</tool_call> then '
-          '<tool_call>{"name": "b", "arguments": {}}</tool_call>')
-  assert extract_tool_call(turn) == '{"name": "b", "arguments": {}}'
-  assert extract_tool_call("none") == ""
 
 
 def test_clean_hint():

@@ -12,7 +12,7 @@ _EXPORTS = {
               "hint_leaks", "policy_hint_prompt"),
     "memory": ("EnvMemory", "MemoryConfig", "MemoryRecord", "code_hash", "render_program"),
     "prompts": ("ALLOWED_IMPORTS", "FINAL_ANSWER_TOOL", "SETTINGS", "SKILLS",
-                "agent_system_prompt", "designer_prompt", "extract_program", "extract_tool_call",
+                "agent_system_prompt", "designer_prompt",
                 "get_setting",
                 "hint_prompt", "skill_index"),
     "rewards": ("EnvStats", "RewardConfig", "RewardOutput", "agent_advantages",

@@ -7,7 +7,6 @@ skill of every setting (with a sample document, exemplar and negative example).
 from __future__ import annotations
 
 import dataclasses
-import re
 import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -277,29 +276,6 @@ def designer_prompt(setting: str, skill: str, document: Document | None = None,
   if negative is not None:
     add(_negative_section(negative, budget - 2))
   return "\n\n".join([head, *middle, *tail])
-
-
-_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
-
-
-def extract_program(text: str) -> str | None:
-  """The last fenced code block of a designer reply (thinking removed), or None."""
-  text = re.sub(r"<think>.*?</think>", "", text, flags=re.DOTALL)
-  blocks = _FENCE.findall(text)
-  return blocks[-1].strip() + "\n" if blocks else None
-
-
-_TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-
-
-def extract_tool_call(text: str) -> str:
-  """The JSON text inside the last ``<tool_call>...</tool_call>`` of an agent turn, or "".
-
-  This is the ``action`` a tool-use environment's ``step`` receives.
-  """
-  text = re.sub(r"<think>.*?</think>", "", text, flags=re.DOTALL)
-  calls = _TOOL_CALL.findall(text)
-  return calls[-1].strip() if calls else ""
 
 
 def agent_system_prompt(setting: str, hint: str | None = None) -> str:

@@ -137,6 +137,7 @@ class SelfPlay:
     self.pool_programs = list(envs.builtin_programs().values())
     self.slots = [Slot() for _ in range(cfg.num_envs)]
     self.pending: list[DesignSample] = []
+    self.buffer_fresh: np.ndarray | None = None  # slots given new programs this iteration
     self.buffer = RegretBuffer.create(cfg.num_envs, cfg.plays, cfg.hinted_plays,
                                       window=max(reward_cfg.credit_window, 1))
 
@@ -275,7 +276,7 @@ class SelfPlay:
     skill = np.array([s.skill for s in self.slots], np.int32)
     rc = self.reward_cfg
     self.buffer = self.buffer.record(r_n, m_n, r_h, m_h, skill, valid,
-                                     getattr(self, "buffer_fresh", None),
+                                     self.buffer_fresh,
                                      ema_slow=rc.ema_slow, ema_fast=rc.ema_fast)
     self.buffer_fresh = None
     for arm, name in ((0, "nohint"), (1, "hint")):

@@ -28,6 +28,7 @@ boundary (that is :mod:`spade_jax.sandbox`).
 
 import ast
 import re
+import threading
 
 from spade_jax.sandbox.pool import REASONS
 
@@ -55,6 +56,10 @@ BANNED_ATTRS = frozenset({
 })
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+# CPython 3.11 keeps the AST builder's recursion counter per interpreter, so
+# ast.parse from several threads at once (validate_many) can fail with
+# "AST constructor recursion depth mismatch": parse one program at a time.
+_PARSE_LOCK = threading.Lock()
 _ENV_CLASS = re.compile(r"^class\s+\w*Env\b", re.M)
 
 
@@ -124,7 +129,8 @@ def check_static(source: str, allowed_imports: frozenset[str] = ALLOWED_IMPORTS,
   if size > max_bytes:
     return "too_large", f"program is {size} bytes; the cap is {max_bytes}", None
   try:
-    tree = ast.parse(source)
+    with _PARSE_LOCK:
+      tree = ast.parse(source)
   except SyntaxError as e:
     return "syntax", f"{e.msg} (line {e.lineno})", None
   except (ValueError, RecursionError, MemoryError) as e:

@@ -305,7 +305,7 @@ class SelfPlay:
     for k in ("regret_mean", "win_rate_mean", "valid_frac", "credited_frac"):
       metrics[f"rewards/{k}"] = float(out.metrics[k])
 
-    for e, s in enumerate(self.slots):
+    for s in self.slots:
       if s.source:
         s.age += 1
     due = [p for p in self.pending

@@ -39,12 +39,12 @@ OBS = {1: [[70, 71, 72], [73], [74, 75, 76, 77, 78]],   # turn -> per-row observ
 TURN = [8, 5, 7]  # new tokens per turn for each row
 
 
-def _conversation(params, rule, continue_cache: bool):
+def _conversation(params, rule, continue_cache: bool, layer_cache: str = "auto"):
   """Three turns; returns per-row histories and per-row (tokens, logps) per turn."""
   keys = row_keys(jax.random.key(11), len(PROMPTS))
   hist = [list(p) for p in PROMPTS]
   turns = []
-  eng = _engine(params, rule)
+  eng = _engine(params, rule, layer_cache=layer_cache)
   live = [0, 1, 2]
   for t in range(3):
     if t == 0 or not continue_cache:
@@ -68,10 +68,11 @@ def _conversation(params, rule, continue_cache: bool):
   return hist, turns
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_three_turns_through_cache_equal_reprefill(params, temperature):
+@pytest.mark.parametrize("temperature,layer_cache",
+                         [(0.0, "per_layer"), (1.0, "per_layer"), (1.0, "stacked")])
+def test_three_turns_through_cache_equal_reprefill(params, temperature, layer_cache):
   rule = SamplingConfig(temperature=temperature, top_k=50, eos_id=-1)
-  h_cache, t_cache = _conversation(params, rule, True)
+  h_cache, t_cache = _conversation(params, rule, True, layer_cache)
   h_full, t_full = _conversation(params, rule, False)
   assert h_cache == h_full
   for a, b in zip(t_cache, t_full):
@@ -91,16 +92,18 @@ def test_three_turns_through_cache_equal_reprefill(params, temperature):
       pos += len(toks) + (len(OBS[t + 1][i] or []) if t + 1 < 3 else 0)
 
 
-def test_slot_refill_equals_each_request_alone(params):
+@pytest.mark.parametrize("layer_cache", ["per_layer", "stacked"])
+def test_slot_refill_equals_each_request_alone(params, layer_cache):
   rule = SamplingConfig(temperature=1.0, eos_id=-1, eos_ids=(7, 9))
   base = jax.random.key(5)
   reqs = [Request([3 + i] * (2 + 3 * i), 4 + 5 * (i % 3), jax.random.fold_in(base, i))
           for i in range(6)]
   # Two slots only, a small cache: forces refills and compaction.
-  eng = _engine(params, rule, max_len=64)
+  eng = _engine(params, rule, max_len=64, layer_cache=layer_cache)
   together = serve(eng, reqs, slots=[1, 3])
   assert {c.slot for c in together} == {1, 3}
-  alone_eng = _engine(params, rule, max_len=64)
+  assert ("compact",) in eng.programs
+  alone_eng = _engine(params, rule, max_len=64, layer_cache=layer_cache)
   for r, c in zip(reqs, together):
     (a,) = serve(alone_eng, [r], slots=[0])
     assert a.tokens == c.tokens and a.finished == c.finished
@@ -137,6 +140,12 @@ def test_stop_string_spanning_tokens_truncates_cache(params):
   np.testing.assert_allclose(cont[1], again[1], atol=1e-5)
 
 
+def test_layer_cache_choice_is_checked(params):
+  with pytest.raises(ValueError, match="layer_cache='flat'"):
+    _engine(params, SamplingConfig(temperature=0.0), layer_cache="flat")
+  assert _engine(params, SamplingConfig(temperature=0.0)).per_layer  # CPU default
+
+
 def test_decode_needs_fresh_logits_and_room(params):
   eng = _engine(params, SamplingConfig(temperature=0.0, eos_id=-1), max_len=32)
   with pytest.raises(ValueError, match="no fresh logits"):
@@ -167,15 +176,20 @@ def test_sharded_engine_matches_single_device_and_takes_new_params(params):
   mesh = parallel.make_mesh(parallel.MeshConfig(data=4, fsdp=1, tensor=2, rules="fsdp_tensor"))
   rules = parallel.RULE_SETS["fsdp_tensor"]
   rule = SamplingConfig(temperature=0.0, eos_id=-1)
-  sharded = _engine(params, rule, mesh=mesh, rules=rules)
-  assert sharded.state.cache["k"].sharding.spec[1] in ("data", ("data",))
-  assert sharded.state.cache["k"].sharding.spec[3] == "tensor"
+  sharded = _engine(params, rule, mesh=mesh, rules=rules)  # per-layer buffers on CPU
+  assert len(sharded.state.cache["k"]) == CFG.num_layers
+  assert sharded.state.cache["k"][0].sharding.spec[:2] in (("data", "tensor"),
+                                                           (("data",), "tensor"))
+  stacked = _engine(params, rule, mesh=mesh, rules=rules, layer_cache="stacked")
+  assert stacked.state.cache["k"].sharding.spec[1] in ("data", ("data",))
+  assert stacked.state.cache["k"].sharding.spec[2] == "tensor"
   plain = _engine(params, rule)
-  for eng in (sharded, plain):
+  for eng in (sharded, stacked, plain):
     eng.extend({i: p for i, p in enumerate(PROMPTS)},
                {i: jax.random.key(i) for i in range(3)})
   a, b = sharded.decode({i: 8 for i in range(3)}), plain.decode({i: 8 for i in range(3)})
-  assert all(a[i][0] == b[i][0] for i in range(3))
+  c = stacked.decode({i: 8 for i in range(3)})
+  assert all(a[i][0] == b[i][0] == c[i][0] for i in range(3))
   # Handoff: a differently laid out tree (replicated) is resharded on device.
   new = jax.tree.map(lambda x: x * 1.5, params)
   sharded.set_params(new)

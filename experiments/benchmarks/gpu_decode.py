@@ -73,7 +73,7 @@ def main(argv):
   one_round()  # compile
   rounds = [one_round() for _ in range(_REPEATS.value)]
   prefill, decode, eng = sorted(rounds, key=lambda r: r[1])[len(rounds) // 2]
-  cache_bytes = sum(x.size * x.dtype.itemsize for x in eng.state.cache.values())
+  cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(eng.state.cache))
   step_bytes = param_bytes + cache_bytes
   result = dict(
       device=str(jax.devices()[0].device_kind), smoke=smoke, batch=batch, prompt=plen,

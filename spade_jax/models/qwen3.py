@@ -141,15 +141,23 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 def _attention(q, k, v, mask, cfg: ModelConfig):
-  """q: [B, T, H, E]; k, v: [B, S, K, E]; mask: [B, T, S] bool -> [B, T, H, E]."""
+  """q: [B, T, H, E]; k, v: [B, K, S, E]; mask: [B, T, S] bool -> [B, T, H, E].
+
+  Keys and values are head-major (the KV cache layout), so the contractions
+  batch over (B, K) without moving the keys/values.
+  """
   B, T, H, E = q.shape
-  K = cfg.num_kv_heads
-  q = q.reshape(B, T, K, H // K, E)
-  scores = jnp.einsum("btkge,bske->bkgts", q, k,
-                      preferred_element_type=jnp.float32) / jnp.sqrt(E).astype(jnp.float32)
+  K = k.shape[1]
+  q = (q * jnp.asarray(1.0 / math.sqrt(E), q.dtype)).reshape(B, T, K, H // K, E)
+  scores = jnp.einsum("btkge,bkse->bkgts", q, k, preferred_element_type=jnp.float32)
   scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bske->btkge", probs, v)
+  if T == 1 and jax.default_backend() == "cpu":
+    # One query per row (decode): XLA:CPU runs this contraction as B*K tiny
+    # transposed matmuls; a fused multiply-reduce over S is ~2x faster there.
+    out = jnp.sum(probs[:, :, :, 0, :, None] * v[:, :, None], axis=3)[:, None]
+  else:
+    out = jnp.einsum("bkgts,bkse->btkge", probs, v)
   return out.reshape(B, T, H, E)
 
 
@@ -158,7 +166,9 @@ def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelCo
 
   Args:
     x: [B, T, D].
-    cache_kv: None, or (k_all, v_all, layer) with k_all, v_all: [L, B, S, K, E].
+    cache_kv: None, or (k_all, v_all, layer): either stacked caches
+      [L, B, K, S, E] (layer may be traced) or tuples of L per-layer caches
+      [B, K, S, E] (layer a Python int).
 
   Returns:
     (x [B, T, D], None or the updated (k_all, v_all)).
@@ -173,15 +183,25 @@ def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelCo
   v = constrain(v, ("batch", "length", "kv_heads", "head_dim"))
   q = rope(rms_norm(q, lp["q_norm"], cfg.rms_eps), positions, cfg.rope_theta)
   k = rope(rms_norm(k, lp["k_norm"], cfg.rms_eps), positions, cfg.rope_theta)
+  k = jnp.swapaxes(k, 1, 2)  # [B, K, T, E]
+  v = jnp.swapaxes(v, 1, 2)
   if cache_kv is not None:
-    # Write only this chunk into the stacked cache (in place under donation),
-    # then read the layer's keys/values back for attention.
+    # Write only this chunk into the cache (in place under donation), then
+    # attend over the layer's whole cache.
     ck_all, cv_all, layer = cache_kv
-    at = (layer, 0, cache_index, 0, 0)
-    ck_all = jax.lax.dynamic_update_slice(ck_all, k.astype(ck_all.dtype)[None], at)
-    cv_all = jax.lax.dynamic_update_slice(cv_all, v.astype(cv_all.dtype)[None], at)
-    k = jax.lax.dynamic_index_in_dim(ck_all, layer, 0, keepdims=False)
-    v = jax.lax.dynamic_index_in_dim(cv_all, layer, 0, keepdims=False)
+    if isinstance(ck_all, tuple):  # per-layer buffers: no layer slice to copy
+      at = (0, 0, cache_index, 0)
+      ck = jax.lax.dynamic_update_slice(ck_all[layer], k.astype(ck_all[layer].dtype), at)
+      cv = jax.lax.dynamic_update_slice(cv_all[layer], v.astype(cv_all[layer].dtype), at)
+      ck_all = ck_all[:layer] + (ck,) + ck_all[layer + 1:]
+      cv_all = cv_all[:layer] + (cv,) + cv_all[layer + 1:]
+      k, v = ck, cv
+    else:
+      at = (layer, 0, 0, cache_index, 0)
+      ck_all = jax.lax.dynamic_update_slice(ck_all, k.astype(ck_all.dtype)[None], at)
+      cv_all = jax.lax.dynamic_update_slice(cv_all, v.astype(cv_all.dtype)[None], at)
+      k = jax.lax.dynamic_index_in_dim(ck_all, layer, 0, keepdims=False)
+      v = jax.lax.dynamic_index_in_dim(cv_all, layer, 0, keepdims=False)
     cache_kv = (ck_all, cv_all)
   attn = _attention(q, k.astype(dt), v.astype(dt), mask, cfg)
   x = x + jnp.einsum("bthe,hed->btd", attn, lp["o"].astype(dt))
@@ -239,8 +259,10 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
     positions: [B, T] int RoPE positions.
     mask: [B, T, S] bool, True where query t may attend to key s. Without a
       cache S == T; with a cache S is the cache length.
-    cache: optional {"k", "v"}: [L, B, S, K, E]. The chunk's keys/values are
-      written at `cache_index` along S before attending.
+    cache: optional {"k", "v"}, each stacked [L, B, K, S, E] or a tuple of L
+      per-layer [B, K, S, E] buffers (see `init_cache`; per-layer buffers run
+      the layers unrolled). The chunk's keys/values are written at
+      `cache_index` along S before attending.
     cache_index: scalar start index of this chunk in the cache.
     return_hidden: return final hidden states [B, T, D] instead of logits.
     return_router_logits: also return the MoE router logits
@@ -256,56 +278,72 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
   ck_all = cache["k"] if has_cache else None
   cv_all = cache["v"] if has_cache else None
   router_logits = []
-  li = di = mi = 0  # first layer / dense layer / MoE layer of the segment
-  for pattern, repeats in layer_segments(cfg):
-    nd, nm = pattern.count(False), pattern.count(True)
-    xs = {"attn": _group(params["layers"], li, repeats, len(pattern))}
-    if nd:
-      xs["mlp"] = _group(params["mlp"], di, repeats, nd)
-    if nm:
-      xs["moe"] = _group(params["moe"], mi, repeats, nm)
 
-    def group(carry, gp, pattern=pattern):
-      x, i, ck_all, cv_all = carry
-      logits_out = []
-      d = m = 0
-      for j, is_moe in enumerate(pattern):
-        lp = jax.tree.map(lambda a, j=j: a[j], gp["attn"])
-        if has_cache:
-          x, (ck_all, cv_all) = _attention_block(x, lp, positions, mask,
-                                                 (ck_all, cv_all, i), cache_index, cfg)
-        else:
-          x, _ = _attention_block(x, lp, positions, mask, None, None, cfg)
-        h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
-        if is_moe:
-          out, rl = moe_mlp(h, jax.tree.map(lambda a, m=m: a[m], gp["moe"]), cfg)
-          logits_out.append(rl)
-          m += 1
-        else:
-          out = _dense_mlp(h, jax.tree.map(lambda a, d=d: a[d], gp["mlp"]), cfg)
-          d += 1
-        x = constrain(x + out, ("batch", "length", "embed"))
-        i = i + 1
-      ys = jnp.stack(logits_out) if (logits_out and return_router_logits) else None
-      return (x, i, ck_all, cv_all), ys
-
-    if cfg.remat != "none":
-      group = jax.checkpoint(group, policy=_REMAT[cfg.remat])
-    carry = (x, jnp.int32(li) if cfg.scan_layers else li, ck_all, cv_all)
-    if cfg.scan_layers:
-      carry, ys = jax.lax.scan(group, carry, xs)
+  def layer(x, ck_all, cv_all, i, lp, mlp_or_moe, is_moe):
+    if has_cache:
+      x, (ck_all, cv_all) = _attention_block(x, lp, positions, mask, (ck_all, cv_all, i),
+                                             cache_index, cfg)
     else:
-      outs = []
-      for r in range(repeats):
-        carry, y = group(carry, jax.tree.map(lambda a, r=r: a[r], xs))
-        outs.append(y)
-      ys = jnp.stack(outs) if outs[0] is not None else None
-    x, _, ck_all, cv_all = carry
-    if ys is not None:
-      router_logits.append(ys.reshape(-1, *ys.shape[2:]))
-    li += repeats * len(pattern)
-    di += repeats * nd
-    mi += repeats * nm
+      x, _ = _attention_block(x, lp, positions, mask, None, None, cfg)
+    h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
+    rl = None
+    if is_moe:
+      out, rl = moe_mlp(h, mlp_or_moe, cfg)
+    else:
+      out = _dense_mlp(h, mlp_or_moe, cfg)
+    return constrain(x + out, ("batch", "length", "embed")), ck_all, cv_all, rl
+
+  if not cfg.scan_layers or isinstance(ck_all, tuple):
+    # Unrolled: layer i's parameters are static slices; a per-layer cache is
+    # read in place (a stacked one would be sliced).
+    step = layer
+    if cfg.remat != "none":
+      step = jax.checkpoint(layer, policy=_REMAT[cfg.remat], static_argnums=(3, 6))
+    one = lambda tree, i: jax.tree.map(lambda a: a[i], tree)
+    di = mi = 0
+    for i, is_moe in enumerate(cfg.layer_is_moe):
+      mp = one(params["moe"], mi) if is_moe else one(params["mlp"], di)
+      x, ck_all, cv_all, rl = step(x, ck_all, cv_all, i, one(params["layers"], i), mp, is_moe)
+      if rl is not None and return_router_logits:
+        router_logits.append(rl[None])
+      mi, di = mi + is_moe, di + (not is_moe)
+  else:
+    li = di = mi = 0  # first layer / dense layer / MoE layer of the segment
+    for pattern, repeats in layer_segments(cfg):
+      nd, nm = pattern.count(False), pattern.count(True)
+      xs = {"attn": _group(params["layers"], li, repeats, len(pattern))}
+      if nd:
+        xs["mlp"] = _group(params["mlp"], di, repeats, nd)
+      if nm:
+        xs["moe"] = _group(params["moe"], mi, repeats, nm)
+
+      def group(carry, gp, pattern=pattern):
+        x, i, ck_all, cv_all = carry
+        logits_out = []
+        d = m = 0
+        for j, is_moe in enumerate(pattern):
+          lp = jax.tree.map(lambda a, j=j: a[j], gp["attn"])
+          if is_moe:
+            mp = jax.tree.map(lambda a, m=m: a[m], gp["moe"])
+            m += 1
+          else:
+            mp = jax.tree.map(lambda a, d=d: a[d], gp["mlp"])
+            d += 1
+          x, ck_all, cv_all, rl = layer(x, ck_all, cv_all, i, lp, mp, is_moe)
+          if rl is not None:
+            logits_out.append(rl)
+          i = i + 1
+        ys = jnp.stack(logits_out) if (logits_out and return_router_logits) else None
+        return (x, i, ck_all, cv_all), ys
+
+      if cfg.remat != "none":
+        group = jax.checkpoint(group, policy=_REMAT[cfg.remat])
+      (x, _, ck_all, cv_all), ys = jax.lax.scan(group, (x, jnp.int32(li), ck_all, cv_all), xs)
+      if ys is not None:
+        router_logits.append(ys.reshape(-1, *ys.shape[2:]))
+      li += repeats * len(pattern)
+      di += repeats * nd
+      mi += repeats * nm
   x = rms_norm(x, params["final_norm"], cfg.rms_eps)
   new_cache = {"k": ck_all, "v": cv_all} if has_cache else None
   out = x if return_hidden else logits_from_hidden(params, cfg, x)
@@ -328,11 +366,16 @@ def logits_from_hidden(params: Params, cfg: ModelConfig, x: jax.Array) -> jax.Ar
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int,
-               dtype: str | None = None) -> dict[str, jax.Array]:
-  """Zero KV cache {"k", "v"}: [L, B, S, K, E]."""
-  shape = (cfg.num_layers, batch, length, cfg.num_kv_heads, cfg.head_dim)
+               dtype: str | None = None, per_layer: bool = False) -> dict[str, Any]:
+  """Zero KV cache {"k", "v"}: stacked [L, B, K, S, E], or with `per_layer`
+  a tuple of L buffers [B, K, S, E] (no layer slice is copied to read one;
+  `forward` then runs the layers unrolled)."""
   dt = jnp.dtype(dtype or cfg.compute_dtype)
-  return {"k": jnp.zeros(shape, dt), "v": jnp.zeros(shape, dt)}
+  shape = (cfg.num_kv_heads, length, cfg.head_dim)
+  if per_layer:
+    return {n: tuple(jnp.zeros((batch,) + shape, dt) for _ in range(cfg.num_layers))
+            for n in ("k", "v")}
+  return {n: jnp.zeros((cfg.num_layers, batch) + shape, dt) for n in ("k", "v")}
 
 
 def segment_mask(segment_ids: jax.Array) -> jax.Array:

@@ -47,7 +47,9 @@ from spade_jax.models import (ModelConfig, forward, init_cache, logits_from_hidd
                               param_axes, param_shapes)
 from spade_jax.sampling.rules import SamplingConfig, draw, is_stop
 
-CACHE_AXES = ("layers", "batch", "length", "kv_heads", "head_dim")
+# Stacked caches are [L, B, K, S, E]; per-layer buffers drop the first axis.
+CACHE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
+LAYER_CACHE_AXES = CACHE_AXES[1:]
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -60,7 +62,7 @@ class DecodeState:
   """Device-side state of every slot.
 
   Attributes:
-    cache: {"k", "v"}: [L, B, S, K, E].
+    cache: {"k", "v"}: stacked [L, B, K, S, E] or tuples of L [B, K, S, E].
     valid: [B, S] bool, True on cache entries that belong to the row.
     lengths: [B] int32 tokens in each row (the next RoPE position).
     logits: [B, V] float32 next-token logits of each row.
@@ -74,10 +76,11 @@ class DecodeState:
   keys: jax.Array
 
 
-def init_state(cfg: ModelConfig, slots: int, max_len: int, cache_dtype: str) -> DecodeState:
+def init_state(cfg: ModelConfig, slots: int, max_len: int, cache_dtype: str,
+               per_layer: bool) -> DecodeState:
   """Empty state for `slots` rows of `max_len` cache entries."""
   return DecodeState(
-      cache=init_cache(cfg, slots, max_len, cache_dtype),
+      cache=init_cache(cfg, slots, max_len, cache_dtype, per_layer=per_layer),
       valid=jnp.zeros((slots, max_len), bool),
       lengths=jnp.zeros((slots,), jnp.int32),
       logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
@@ -178,8 +181,10 @@ def compact_step(state: DecodeState) -> DecodeState:
   counts = state.valid.sum(axis=1)
   S = state.valid.shape[1]
   valid = jnp.arange(S)[None, :] < counts[:, None]
-  idx = order[None, :, :, None, None]
-  cache = {n: jnp.take_along_axis(c, idx, axis=2) for n, c in state.cache.items()}
+  def move(c):  # the length axis is second to last in both layouts
+    idx = order[:, None, :, None] if c.ndim == 4 else order[None, :, None, :, None]
+    return jnp.take_along_axis(c, idx, axis=c.ndim - 2)
+  cache = jax.tree.map(move, state.cache)
   return state.replace(cache=cache, valid=valid)
 
 
@@ -210,12 +215,24 @@ class Engine:
       the real presets; "float32" for exactness checks).
     chunk: decode steps per host round trip when stop strings are set.
     detokenize: ids -> text, needed for stop strings.
+    layer_cache: "per_layer" (one KV buffer per layer, layers unrolled: no
+      layer slice is copied per step, fastest on CPU), "stacked" (one
+      [L, B, K, S, E] buffer, layers scanned when `cfg.scan_layers`: compile
+      time independent of depth) or "auto" (per_layer on CPU, else stacked).
   """
 
   def __init__(self, cfg: ModelConfig, params, *, slots: int, max_len: int,
                rule: SamplingConfig, mesh: Mesh | None = None, rules=None,
                cache_dtype: str | None = None, chunk: int = 64,
-               detokenize: Callable[[Sequence[int]], str] | None = None):
+               detokenize: Callable[[Sequence[int]], str] | None = None,
+               layer_cache: str = "auto"):
+    if layer_cache not in ("auto", "per_layer", "stacked"):
+      raise ValueError(f"layer_cache={layer_cache!r}; expected 'auto', 'per_layer' or "
+                       "'stacked'.")
+    if layer_cache == "auto":
+      platform = (next(iter(mesh.devices.flat)) if mesh is not None else jax.devices()[0]).platform
+      layer_cache = "per_layer" if platform == "cpu" else "stacked"
+    self.per_layer = layer_cache == "per_layer"
     if rule.stop and detokenize is None:
       raise ValueError(f"rule.stop={rule.stop!r} needs a detokenizer: pass "
                        "detokenize=vocab.decode.")
@@ -236,15 +253,17 @@ class Engine:
       spec = lambda axes, shape: NamedSharding(
           mesh, parallel.logical_to_spec(axes, shape, mesh, rules))
       B, S = self.slots, self.max_len
-      cshape = (cfg.num_layers, B, S, cfg.num_kv_heads, cfg.head_dim)
+      cshape = (B, cfg.num_kv_heads, S, cfg.head_dim)
+      cache = ((spec(LAYER_CACHE_AXES, cshape),) * cfg.num_layers if self.per_layer
+               else spec(CACHE_AXES, (cfg.num_layers,) + cshape))
       self._state_shardings = (
-          spec(CACHE_AXES, cshape), spec(("batch", "length"), (B, S)), spec(("batch",), (B,)),
+          cache, spec(("batch", "length"), (B, S)), spec(("batch",), (B,)),
           spec(("batch", "vocab"), (B, cfg.vocab_size)), spec(("batch",), (B,)))
     (self._init, self._extend, self._decode, self._compact,
      self._truncate) = _programs(self._state_shardings)
     self.params = None
     self.set_params(params)
-    self.state = self._init(cfg, self.slots, self.max_len, self.cache_dtype)
+    self.state = self._init(cfg, self.slots, self.max_len, self.cache_dtype, self.per_layer)
 
   # -- parameters ---------------------------------------------------------------
   def set_params(self, params) -> None:
@@ -261,7 +280,8 @@ class Engine:
   def _log_program(self, kind: str, *shape) -> None:
     key = (kind, *shape)
     self.programs.add(key)
-    full = key + (self.cfg, self.slots, self.max_len, self.cache_dtype, self._state_shardings)
+    full = key + (self.cfg, self.slots, self.max_len, self.cache_dtype, self.per_layer,
+                  self._state_shardings)
     if full not in _PROGRAMS:
       _PROGRAMS.add(full)
       logging.info("sampler: compiling %s %s (slots=%d, cache=%d; %d programs here)",
@@ -420,7 +440,7 @@ def _programs(shards: tuple | None):
   if shards is not None:
     c, v, n, lg, k = shards
     out = DecodeState(cache={"k": c, "v": c}, valid=v, lengths=n, logits=lg, keys=k)
-  init = jax.jit(init_state, static_argnums=(0, 1, 2, 3), out_shardings=out)
+  init = jax.jit(init_state, static_argnums=(0, 1, 2, 3, 4), out_shardings=out)
   extend = jax.jit(extend_step, static_argnames=("cfg",), donate_argnums=(1,),
                    out_shardings=out)
   decode = jax.jit(decode_loop, static_argnames=("cfg", "rule", "steps"), donate_argnums=(1,),

@@ -31,7 +31,7 @@ def test_axes_and_shapes_cover_every_param(params):
 def test_untied_head_and_eval_shape():
   cfg = ModelConfig(tie_embeddings=False, num_layers=3)
   shapes = jax.eval_shape(lambda k: init_params(k, cfg), jax.random.key(0))
-  assert shapes["lm_head"].shape == (cfg.d_model, cfg.vocab_size)
+  assert shapes["lm_head"].shape == (cfg.vocab_size, cfg.d_model)
   assert shapes["layers"]["q"].shape == (3, cfg.d_model, cfg.num_heads, cfg.head_dim)
 
 

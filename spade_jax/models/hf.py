@@ -9,7 +9,7 @@ saves (per-expert MoE weights), one tensor at a time.
 HF layouts (torch Linear stores [out, in]) against ours:
   q_proj [H*E, D] -> q [D, H, E];   o_proj [D, H*E] -> o [H, E, D]
   gate_proj/up_proj [F, D] -> [D, F];  down_proj [D, F] -> [F, D]
-  mlp.gate (router) [X, D] -> [D, X];  lm_head [V, D] -> [D, V]
+  mlp.gate (router) [X, D] -> [D, X];  lm_head [V, D] as is
 """
 
 from __future__ import annotations
@@ -250,7 +250,7 @@ class _Source:
     elif path == ("final_norm",):
       out = self.get("model.norm.weight", (cfg.d_model,))[idx]
     elif path == ("lm_head",):
-      out = self.get("lm_head.weight", (cfg.vocab_size, cfg.d_model)).T[idx]
+      out = self.get("lm_head.weight", (cfg.vocab_size, cfg.d_model))[idx]
     else:
       stack, name = path
       ids = _layer_ids(cfg)[stack][idx[0]]
@@ -323,7 +323,7 @@ def _hf_specs(params: Params, cfg: ModelConfig, dtype) -> list[tensorfile.Tensor
       ("model.norm.weight", (cfg.d_model,), dtype, lambda: get(params["final_norm"]))]
   if not cfg.tie_embeddings:
     specs.append(("lm_head.weight", (cfg.vocab_size, cfg.d_model), dtype,
-                  lambda: get(params["lm_head"]).T))
+                  lambda: get(params["lm_head"])))
   H, K, E, D = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
   from_ours: dict[str, Callable[[np.ndarray], np.ndarray]] = {
       "q": lambda w: w.transpose(1, 2, 0).reshape(H * E, D),

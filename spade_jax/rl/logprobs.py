@@ -35,7 +35,7 @@ def chunked_head_logprobs(head_params, cfg: ModelConfig, hidden: jax.Array,
   """log softmax(hidden @ W)[target], one sequence chunk at a time.
 
   Args:
-    head_params: {"embed": [V, D]} (tied) and/or {"lm_head": [D, V]}.
+    head_params: {"embed": [V, D]} (tied) and/or {"lm_head": [V, D]}.
     cfg: model config (tying, compute dtype).
     hidden: [B, T, D] final hidden states.
     targets: [B, T] int token id whose log-probability is read at each

@@ -113,7 +113,9 @@ def test_slot_refill_equals_each_request_alone(params, layer_cache):
       assert c.tokens[-1] in (7, 9)
     ref = _full_logps(params, list(r.prompt) + c.tokens)[len(r.prompt):]
     np.testing.assert_allclose(c.logprobs, ref, atol=1e-4)
-  assert len({p for p in eng.programs if p[0] == "decode"}) == 1
+  decodes = {p for p in eng.programs if p[0] == "decode"}
+  assert len({p[1] for p in decodes}) == 1  # one step bucket
+  assert {p[2] for p in decodes} <= {16, 32, 64}  # spans: powers of two up to the cache
 
 
 def test_stop_string_spanning_tokens_truncates_cache(params):
@@ -138,6 +140,29 @@ def test_stop_string_spanning_tokens_truncates_cache(params):
   again = ref.decode({0: 6})[0]
   assert cont[0] == again[0]
   np.testing.assert_allclose(cont[1], again[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("layer_cache", ["per_layer", "stacked"])
+def test_prefill_in_pieces_equals_one_piece_and_full_forward(params, layer_cache):
+  # 16-token pieces: a 45-token prompt goes in 3 pieces (plus one skipped
+  # all-padding piece), each attending over a shorter cache prefix.
+  rule = SamplingConfig(temperature=1.0, eos_id=-1)
+  prompts = {0: list(range(3, 48)), 1: [9, 8, 7], 2: list(range(60, 80))}
+  keys = {i: jax.random.key(20 + i) for i in prompts}
+  outs = []
+  for chunk in (16, 64):
+    eng = _engine(params, rule, max_len=256, layer_cache=layer_cache, prefill_chunk=chunk)
+    eng.extend(prompts, keys)
+    outs.append(eng.decode({i: 12 for i in prompts}))
+    spans = sorted({p[2] for p in eng.programs if p[0] == "extend"})
+    assert spans == ([16, 32, 64] if chunk == 16 else [64])
+  for i, prompt in prompts.items():
+    assert outs[0][i][0] == outs[1][i][0]
+    np.testing.assert_allclose(outs[0][i][1], outs[1][i][1], atol=1e-5)
+    ref = _full_logps(params, prompt + outs[0][i][0])[len(prompt):]
+    np.testing.assert_allclose(outs[0][i][1], ref, atol=1e-4)
+  with pytest.raises(ValueError, match="prefill_chunk=24"):
+    _engine(params, rule, prefill_chunk=24)
 
 
 def test_layer_cache_choice_is_checked(params):

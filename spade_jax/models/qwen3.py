@@ -161,7 +161,8 @@ def _attention(q, k, v, mask, cfg: ModelConfig):
   return out.reshape(B, T, H, E)
 
 
-def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelConfig):
+def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelConfig,
+                     attend_len: int | None = None):
   """Pre-norm attention with residual.
 
   Args:
@@ -203,6 +204,8 @@ def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelCo
       k = jax.lax.dynamic_index_in_dim(ck_all, layer, 0, keepdims=False)
       v = jax.lax.dynamic_index_in_dim(cv_all, layer, 0, keepdims=False)
     cache_kv = (ck_all, cv_all)
+    if attend_len is not None and attend_len < k.shape[2]:
+      k, v = k[:, :, :attend_len], v[:, :, :attend_len]
   attn = _attention(q, k.astype(dt), v.astype(dt), mask, cfg)
   x = x + jnp.einsum("bthe,hed->btd", attn, lp["o"].astype(dt))
   return constrain(x, ("batch", "length", "embed")), cache_kv
@@ -248,6 +251,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
             positions: jax.Array, mask: jax.Array,
             cache: dict[str, jax.Array] | None = None,
             cache_index: jax.Array | int = 0,
+            attend_len: int | None = None,
             return_hidden: bool = False,
             return_router_logits: bool = False):
   """Runs the decoder.
@@ -264,6 +268,9 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
       the layers unrolled). The chunk's keys/values are written at
       `cache_index` along S before attending.
     cache_index: scalar start index of this chunk in the cache.
+    attend_len: static; attend only over cache entries [0, attend_len) (the
+      caller guarantees none after it is visible). `mask` is then
+      [B, T, attend_len].
     return_hidden: return final hidden states [B, T, D] instead of logits.
     return_router_logits: also return the MoE router logits
       [L_moe, B, T, X] (for `load_balancing_loss`) as a third output.
@@ -282,7 +289,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
   def layer(x, ck_all, cv_all, i, lp, mlp_or_moe, is_moe):
     if has_cache:
       x, (ck_all, cv_all) = _attention_block(x, lp, positions, mask, (ck_all, cv_all, i),
-                                             cache_index, cfg)
+                                             cache_index, cfg, attend_len)
     else:
       x, _ = _attention_block(x, lp, positions, mask, None, None, cfg)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)

@@ -26,8 +26,12 @@ program, so it is updated in place. On a mesh, rows are sharded over the batch
 axes of the rule set and kv heads over "tensor". `set_params` takes a new
 parameter tree and reshards it device to device onto the engine's layout.
 
-Compiled programs: one extend per chunk-length bucket, one decode per
-step-count bucket, one compact; `programs` lists them.
+Every program attends only over the cache prefix that can hold live entries
+(the write pointer rounded up to a power of two), so a long cache costs what
+its live part costs. Compiled programs: one extend per (chunk-length bucket,
+span), one decode per (step-count bucket, span), one compact; spans are powers
+of two, so their number grows with log2 of the cache length; `programs` lists
+them.
 """
 
 from __future__ import annotations
@@ -88,7 +92,7 @@ def init_state(cfg: ModelConfig, slots: int, max_len: int, cache_dtype: str,
 
 
 def extend_step(params, state: DecodeState, ptr, tokens, tok_valid, reset, new_keys, *,
-                cfg: ModelConfig) -> DecodeState:
+                cfg: ModelConfig, span: int) -> DecodeState:
   """Appends a chunk of tokens to some rows.
 
   Args:
@@ -100,6 +104,7 @@ def extend_step(params, state: DecodeState, ptr, tokens, tok_valid, reset, new_k
     reset: [B] bool, rows that start a new conversation (history dropped and
       key replaced by `new_keys`) before the chunk is appended.
     new_keys: [B] keys used where `reset`.
+    span: static; attention reads cache entries [0, span) (ptr + T <= span).
 
   Returns:
     The state with the chunk in the cache; rows with at least one token get
@@ -113,11 +118,10 @@ def extend_step(params, state: DecodeState, ptr, tokens, tok_valid, reset, new_k
   keys = jax.random.wrap_key_data(keys)
   positions = lengths[:, None] + jnp.maximum(jnp.cumsum(tok_valid, axis=1) - 1, 0)
   valid = jax.lax.dynamic_update_slice(valid, tok_valid, (0, ptr))
-  S = valid.shape[1]
-  causal = jnp.arange(S)[None, None, :] <= ptr + jnp.arange(T)[None, :, None]
-  mask = valid[:, None, :] & causal
+  causal = jnp.arange(span)[None, None, :] <= ptr + jnp.arange(T)[None, :, None]
+  mask = valid[:, None, :span] & causal
   hidden, cache = forward(params, cfg, tokens, positions.astype(jnp.int32), mask,
-                          state.cache, ptr, return_hidden=True)
+                          state.cache, ptr, attend_len=span, return_hidden=True)
   last = logits_from_hidden(params, cfg, hidden[:, -1:])[:, 0]
   has = tok_valid.any(axis=1)
   return DecodeState(cache=cache, valid=valid,
@@ -126,7 +130,7 @@ def extend_step(params, state: DecodeState, ptr, tokens, tok_valid, reset, new_k
 
 
 def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish, *,
-                cfg: ModelConfig, rule: SamplingConfig, steps: int):
+                cfg: ModelConfig, rule: SamplingConfig, steps: int, span: int):
   """Samples up to `steps` tokens for every active row.
 
   Args:
@@ -135,6 +139,7 @@ def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish,
     active: [B] bool rows to decode.
     budget: [B] int32 maximum tokens per row in this call (<= steps).
     stop_on_finish: scalar bool; leave the loop as soon as any row stops.
+    span: static; attention reads cache entries [0, span) (ptr + steps <= span).
 
   Returns:
     (state, tokens [B, steps] int32 (pad after a row stopped), logprobs
@@ -160,7 +165,7 @@ def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish,
     idx = ptr + step
     valid = jax.lax.dynamic_update_slice(st.valid, emit[:, None], (0, idx))
     logits, cache = forward(params, cfg, tok[:, None], st.lengths[:, None],
-                            valid[:, None, :], st.cache, idx)
+                            valid[:, None, :span], st.cache, idx, attend_len=span)
     hit = emit & is_stop(tok, rule)
     eos = eos | hit
     counts_after = step + 1  # every emitting row has emitted step + 1 tokens
@@ -219,20 +224,28 @@ class Engine:
       layer slice is copied per step, fastest on CPU), "stacked" (one
       [L, B, K, S, E] buffer, layers scanned when `cfg.scan_layers`: compile
       time independent of depth) or "auto" (per_layer on CPU, else stacked).
+    prefill_chunk: longest piece (a power of two) one extend program takes;
+      longer chunks are appended in pieces, each attending only over the cache
+      so far. Default 128 on CPU, 1024 elsewhere.
   """
 
   def __init__(self, cfg: ModelConfig, params, *, slots: int, max_len: int,
                rule: SamplingConfig, mesh: Mesh | None = None, rules=None,
                cache_dtype: str | None = None, chunk: int = 64,
                detokenize: Callable[[Sequence[int]], str] | None = None,
-               layer_cache: str = "auto"):
+               layer_cache: str = "auto", prefill_chunk: int | None = None):
     if layer_cache not in ("auto", "per_layer", "stacked"):
       raise ValueError(f"layer_cache={layer_cache!r}; expected 'auto', 'per_layer' or "
                        "'stacked'.")
+    platform = (next(iter(mesh.devices.flat)) if mesh is not None else jax.devices()[0]).platform
     if layer_cache == "auto":
-      platform = (next(iter(mesh.devices.flat)) if mesh is not None else jax.devices()[0]).platform
       layer_cache = "per_layer" if platform == "cpu" else "stacked"
     self.per_layer = layer_cache == "per_layer"
+    if prefill_chunk is None:
+      prefill_chunk = 128 if platform == "cpu" else 1024
+    if prefill_chunk < 16 or prefill_chunk & (prefill_chunk - 1):
+      raise ValueError(f"prefill_chunk={prefill_chunk} must be a power of two >= 16.")
+    self.prefill_chunk = prefill_chunk
     if rule.stop and detokenize is None:
       raise ValueError(f"rule.stop={rule.stop!r} needs a detokenizer: pass "
                        "detokenize=vocab.decode.")
@@ -287,6 +300,11 @@ class Engine:
       logging.info("sampler: compiling %s %s (slots=%d, cache=%d; %d programs here)",
                    kind, shape, self.slots, self.max_len, len(self.programs))
 
+  def _span(self, end: int) -> int:
+    """Cache entries a program attends over to see everything before `end`:
+    a power of two (bounded compiles) capped at the cache length."""
+    return min(self.max_len, bucket(end))
+
   def _ensure_room(self, need: int) -> None:
     if self.ptr + need <= self.max_len:
       return
@@ -330,10 +348,21 @@ class Engine:
     keys = np.zeros((self.slots,) + jax.random.key_data(self.state.keys).shape[1:], np.uint32)
     for b, k in starts.items():
       reset[b], keys[b] = True, np.asarray(jax.random.key_data(k))
-    self._log_program("extend", T)
-    self.state = self._extend(self.params, self.state, np.int32(self.ptr), tokens, tv, reset,
-                              jax.random.wrap_key_data(keys), cfg=self.cfg)
-    self.ptr += T
+    keys = jax.random.wrap_key_data(keys)
+    # Long chunks go in pieces of `prefill_chunk` tokens, each attending only
+    # over the cache written so far: causal attention then costs about half of
+    # one pass over the whole chunk. Leading pieces that are padding in every
+    # row are skipped (rows are left padded).
+    c = min(T, self.prefill_chunk)
+    for j in range(0, T, c):
+      if not tv[:, j:j + c].any():
+        continue
+      span = self._span(self.ptr + c)
+      self._log_program("extend", c, span)
+      self.state = self._extend(self.params, self.state, np.int32(self.ptr), tokens[:, j:j + c],
+                                tv[:, j:j + c], reset, keys, cfg=self.cfg, span=span)
+      reset = np.zeros_like(reset)
+      self.ptr += c
     self.fresh[list(chunks)] = True
 
   def decode(self, budgets: dict[int, int], *, stop_on_finish: bool = False
@@ -369,11 +398,12 @@ class Engine:
       budget = np.zeros(self.slots, np.int32)
       for b in rows:
         budget[b] = min(remaining[b], steps)
-      self._log_program("decode", steps)
       start = self.ptr
+      span = self._span(start + steps)
+      self._log_program("decode", steps, span)
       self.state, toks, logps, eos, n = self._decode(
           self.params, self.state, np.int32(start), active, budget, np.bool_(stop_on_finish),
-          cfg=self.cfg, rule=self._device_rule, steps=steps)
+          cfg=self.cfg, rule=self._device_rule, steps=steps, span=span)
       toks, logps, eos, n = jax.device_get((toks, logps, eos, n))
       self.ptr = start + int(n)
       cut_keep = np.zeros(self.slots, np.int32)
@@ -441,9 +471,10 @@ def _programs(shards: tuple | None):
     c, v, n, lg, k = shards
     out = DecodeState(cache={"k": c, "v": c}, valid=v, lengths=n, logits=lg, keys=k)
   init = jax.jit(init_state, static_argnums=(0, 1, 2, 3, 4), out_shardings=out)
-  extend = jax.jit(extend_step, static_argnames=("cfg",), donate_argnums=(1,),
+  extend = jax.jit(extend_step, static_argnames=("cfg", "span"), donate_argnums=(1,),
                    out_shardings=out)
-  decode = jax.jit(decode_loop, static_argnames=("cfg", "rule", "steps"), donate_argnums=(1,),
+  decode = jax.jit(decode_loop, static_argnames=("cfg", "rule", "steps", "span"),
+                   donate_argnums=(1,),
                    out_shardings=None if out is None else (out, None, None, None, None))
   compact = jax.jit(compact_step, donate_argnums=(0,), out_shardings=out)
   truncate = jax.jit(truncate_step, donate_argnums=(0,), out_shardings=out)

@@ -113,9 +113,7 @@ def test_slot_refill_equals_each_request_alone(params, layer_cache):
       assert c.tokens[-1] in (7, 9)
     ref = _full_logps(params, list(r.prompt) + c.tokens)[len(r.prompt):]
     np.testing.assert_allclose(c.logprobs, ref, atol=1e-4)
-  decodes = {p for p in eng.programs if p[0] == "decode"}
-  assert len({p[1] for p in decodes}) == 1  # one step bucket
-  assert {p[2] for p in decodes} <= {16, 32, 64}  # spans: powers of two up to the cache
+  assert len({p for p in eng.programs if p[0] == "decode"}) == 1
 
 
 def test_stop_string_spanning_tokens_truncates_cache(params):

@@ -113,3 +113,21 @@ def test_byte_vocab_and_chat_round_trip():
   assert v.decode(p) == "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
   with pytest.raises(ValueError, match="Unknown chat role"):
     chat.message("robot", "x")
+
+
+@pytest.mark.parametrize("S,live", [(64, 1), (64, 37), (192, 130), (512, 512)])
+def test_blocked_decode_attention_equals_full_softmax(S, live):
+  from spade_jax.models import qwen3  # pylint: disable=g-import-not-at-top
+  cfg = ModelConfig(num_heads=4, num_kv_heads=2, head_dim=16)
+  B = 3
+  ks = jax.random.split(jax.random.key(S + live), 4)
+  q = jax.random.normal(ks[0], (B, 1, 4, 16))
+  k = jax.random.normal(ks[1], (B, 2, S, 16))
+  v = jax.random.normal(ks[2], (B, 2, S, 16))
+  # Holes inside the live prefix (released / padding entries); nothing at or after `live`.
+  mask = (jax.random.uniform(ks[3], (B, 1, S)) < 0.8) & (jnp.arange(S) < live)
+  mask = mask.at[:, :, 0].set(True)
+  want = qwen3._attention(q, k, v, mask, cfg)
+  got = jax.jit(qwen3._decode_attention, static_argnums=5)(q, k, v, mask, jnp.int32(live), cfg)
+  np.testing.assert_allclose(got, want, atol=2e-5)
+  assert qwen3._live_block(S) <= 256 and S % qwen3._live_block(S) == 0

@@ -138,7 +138,7 @@ class _IdsTokenizer:
 class Tunix:
   name = "tunix"
 
-  def __init__(self, directory: str, size: str, cache_size: int):
+  def __init__(self, directory: str, size: str):
     import jax  # pylint: disable=g-import-not-at-top
     from jax.sharding import AxisType  # pylint: disable=g-import-not-at-top
     from tunix.generate import sampler as tsampler  # pylint: disable=g-import-not-at-top
@@ -154,16 +154,24 @@ class Tunix:
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), axis_types=(AxisType.Auto,) * 2,
                          devices=jax.devices()[:1])
     with mesh:
-      model = tparams.create_model_from_safe_tensors(directory, cfg, mesh)
+      self.model = tparams.create_model_from_safe_tensors(directory, cfg, mesh)
+    self.cfg, self.tsampler = cfg, tsampler
     self.tok = _IdsTokenizer(s["vocab_size"] - 1)
-    self.sampler = tsampler.Sampler(model, self.tok, cache_config=tsampler.CacheConfig(
-        cache_size=cache_size, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
-        head_dim=cfg.head_dim))
+    self.samplers = {}
 
   def run(self, prompts, new):
     P = max(len(p) for p in prompts)
-    out = self.sampler([self.tok.decode(p) for p in prompts], max_generation_steps=new,
-                       max_prompt_length=P, temperature=0.0, echo=False)
+    # Tunix's sampler holds a fixed cache and attends over all of it every
+    # step: give each configuration one sized to its own prompt + new tokens.
+    size = P + new
+    if size not in self.samplers:
+      cfg = self.cfg
+      self.samplers[size] = self.tsampler.Sampler(
+          self.model, self.tok, cache_config=self.tsampler.CacheConfig(
+              cache_size=size, num_layers=cfg.num_layers, num_kv_heads=cfg.num_kv_heads,
+              head_dim=cfg.head_dim))
+    out = self.samplers[size]([self.tok.decode(p) for p in prompts], max_generation_steps=new,
+                              max_prompt_length=P, temperature=0.0, echo=False)
     return sum(len(t) for t in out.tokens)
 
 
@@ -196,12 +204,11 @@ def main(argv):
   for size, runs in by_model.items():
     with tempfile.TemporaryDirectory() as d:
       write_checkpoint(size, d)
-      max_cache = max(p + n for _, p, n in runs)
       engines = [Ours(d)]
       if "transformers" in _PEERS.value:
         engines.append(Transformers(d))
       if "tunix" in _PEERS.value:
-        engines.append(Tunix(d, size, cache_size=max_cache))
+        engines.append(Tunix(d, size))
       for batch, plen, new in runs:
         prompts = _prompts(batch, plen, SIZES[size]["vocab_size"], seed=batch * 7919 + plen)
         for e in engines:  # warm-up: compile

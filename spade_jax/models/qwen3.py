@@ -161,8 +161,53 @@ def _attention(q, k, v, mask, cfg: ModelConfig):
   return out.reshape(B, T, H, E)
 
 
+def _live_block(S: int, most: int = 256) -> int:
+  """Largest power of two <= `most` that divides S (the decode block size)."""
+  b = most
+  while S % b:
+    b //= 2
+  return b
+
+
+def _decode_attention(q, k, v, mask, live_len, cfg: ModelConfig):
+  """One query per row over the live blocks of the cache only.
+
+  q: [B, 1, H, E]; k, v: [B, K, S, E]; mask: [B, 1, S]; live_len: scalar, no
+  entry at or after it is visible in any row. A `fori_loop` with a dynamic trip
+  count walks blocks of the cache with an online softmax, so a step costs what
+  the live prefix costs, with no recompiles as it grows.
+  """
+  B, _, H, E = q.shape
+  K, S = k.shape[1], k.shape[2]
+  G = H // K
+  blk = _live_block(S)
+  q = (q[:, 0].astype(jnp.float32) / math.sqrt(E)).reshape(B, K, G, E)
+  m0 = jnp.full((B, K, G), _MASK_VALUE, jnp.float32)
+  l0 = jnp.zeros((B, K, G), jnp.float32)
+  a0 = jnp.zeros((B, K, G, E), jnp.float32)
+
+  def body(j, carry):
+    m, l, acc = carry
+    kb = jax.lax.dynamic_slice_in_dim(k, j * blk, blk, axis=2).astype(jnp.float32)
+    vb = jax.lax.dynamic_slice_in_dim(v, j * blk, blk, axis=2).astype(jnp.float32)
+    mb = jax.lax.dynamic_slice_in_dim(mask[:, 0], j * blk, blk, axis=1)[:, None, None, :]
+    s = jnp.einsum("bkge,bkse->bkgs", q, kb)
+    s = jnp.where(mb, s, _MASK_VALUE)
+    m_new = jnp.maximum(m, s.max(-1))
+    p = jnp.where(mb, jnp.exp(s - m_new[..., None]), 0.0)
+    corr = jnp.exp(m - m_new)
+    l = l * corr + p.sum(-1)
+    acc = acc * corr[..., None] + jnp.sum(p[..., None] * vb[:, :, None], axis=3)
+    return m_new, l, acc
+
+  n = (live_len + blk - 1) // blk
+  _, l, acc = jax.lax.fori_loop(0, n, body, (m0, l0, a0))
+  out = acc / jnp.maximum(l, 1e-30)[..., None]
+  return out.reshape(B, 1, H, E)
+
+
 def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelConfig,
-                     attend_len: int | None = None):
+                     attend_len: int | None = None, live_len=None):
   """Pre-norm attention with residual.
 
   Args:
@@ -206,7 +251,10 @@ def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelCo
     cache_kv = (ck_all, cv_all)
     if attend_len is not None and attend_len < k.shape[2]:
       k, v = k[:, :, :attend_len], v[:, :, :attend_len]
-  attn = _attention(q, k.astype(dt), v.astype(dt), mask, cfg)
+  if live_len is not None and q.shape[1] == 1:
+    attn = _decode_attention(q, k, v, mask, live_len, cfg).astype(dt)
+  else:
+    attn = _attention(q, k.astype(dt), v.astype(dt), mask, cfg)
   x = x + jnp.einsum("bthe,hed->btd", attn, lp["o"].astype(dt))
   return constrain(x, ("batch", "length", "embed")), cache_kv
 
@@ -252,6 +300,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
             cache: dict[str, jax.Array] | None = None,
             cache_index: jax.Array | int = 0,
             attend_len: int | None = None,
+            live_len: jax.Array | None = None,
             return_hidden: bool = False,
             return_router_logits: bool = False):
   """Runs the decoder.
@@ -271,6 +320,8 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
     attend_len: static; attend only over cache entries [0, attend_len) (the
       caller guarantees none after it is visible). `mask` is then
       [B, T, attend_len].
+    live_len: optional scalar (decode, T == 1): no cache entry at or after it
+      is visible; attention then walks only the live blocks of the cache.
     return_hidden: return final hidden states [B, T, D] instead of logits.
     return_router_logits: also return the MoE router logits
       [L_moe, B, T, X] (for `load_balancing_loss`) as a third output.
@@ -289,7 +340,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
   def layer(x, ck_all, cv_all, i, lp, mlp_or_moe, is_moe):
     if has_cache:
       x, (ck_all, cv_all) = _attention_block(x, lp, positions, mask, (ck_all, cv_all, i),
-                                             cache_index, cfg, attend_len)
+                                             cache_index, cfg, attend_len, live_len)
     else:
       x, _ = _attention_block(x, lp, positions, mask, None, None, cfg)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)

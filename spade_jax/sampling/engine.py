@@ -27,7 +27,9 @@ axes of the rule set and kv heads over "tensor". `set_params` takes a new
 parameter tree and reshards it device to device onto the engine's layout.
 
 An extend attends only over the cache prefix that can hold live entries (the
-write pointer rounded up to a power of two); decode reads the whole cache.
+write pointer rounded up to a power of two); a decode step walks the cache in
+blocks up to the write pointer (a loop with a dynamic trip count, online
+softmax), so both cost what the live prefix costs, not the cache length.
 Compiled programs: one extend per (chunk-length bucket, span), one decode per
 step-count bucket, one compact; spans are powers of two, so their number grows
 with log2 of the cache length; `programs` lists them.
@@ -129,7 +131,7 @@ def extend_step(params, state: DecodeState, ptr, tokens, tok_valid, reset, new_k
 
 
 def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish, *,
-                cfg: ModelConfig, rule: SamplingConfig, steps: int, span: int):
+                cfg: ModelConfig, rule: SamplingConfig, steps: int):
   """Samples up to `steps` tokens for every active row.
 
   Args:
@@ -138,7 +140,6 @@ def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish,
     active: [B] bool rows to decode.
     budget: [B] int32 maximum tokens per row in this call (<= steps).
     stop_on_finish: scalar bool; leave the loop as soon as any row stops.
-    span: static; attention reads cache entries [0, span) (ptr + steps <= span).
 
   Returns:
     (state, tokens [B, steps] int32 (pad after a row stopped), logprobs
@@ -163,8 +164,10 @@ def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish,
     logps = jax.lax.dynamic_update_index_in_dim(logps, jnp.where(emit, logp, 0.0), step, 1)
     idx = ptr + step
     valid = jax.lax.dynamic_update_slice(st.valid, emit[:, None], (0, idx))
+    # Entries after idx are invalid in every row: attention walks only the
+    # cache blocks before idx + 1.
     logits, cache = forward(params, cfg, tok[:, None], st.lengths[:, None],
-                            valid[:, None, :span], st.cache, idx, attend_len=span)
+                            valid[:, None, :], st.cache, idx, live_len=idx + 1)
     hit = emit & is_stop(tok, rule)
     eos = eos | hit
     counts_after = step + 1  # every emitting row has emitted step + 1 tokens
@@ -399,13 +402,10 @@ class Engine:
       for b in rows:
         budget[b] = min(remaining[b], steps)
       start = self.ptr
-      # Decode attends over the whole cache: slicing a prefix of the cache
-      # inside the loop measured 2x slower per step on CPU than reading it all.
-      span = self.max_len
       self._log_program("decode", steps)
       self.state, toks, logps, eos, n = self._decode(
           self.params, self.state, np.int32(start), active, budget, np.bool_(stop_on_finish),
-          cfg=self.cfg, rule=self._device_rule, steps=steps, span=span)
+          cfg=self.cfg, rule=self._device_rule, steps=steps)
       toks, logps, eos, n = jax.device_get((toks, logps, eos, n))
       self.ptr = start + int(n)
       cut_keep = np.zeros(self.slots, np.int32)
@@ -475,7 +475,7 @@ def _programs(shards: tuple | None):
   init = jax.jit(init_state, static_argnums=(0, 1, 2, 3, 4), out_shardings=out)
   extend = jax.jit(extend_step, static_argnames=("cfg", "span"), donate_argnums=(1,),
                    out_shardings=out)
-  decode = jax.jit(decode_loop, static_argnames=("cfg", "rule", "steps", "span"),
+  decode = jax.jit(decode_loop, static_argnames=("cfg", "rule", "steps"),
                    donate_argnums=(1,),
                    out_shardings=None if out is None else (out, None, None, None, None))
   compact = jax.jit(compact_step, donate_argnums=(0,), out_shardings=out)

@@ -11,7 +11,9 @@ and loaded by all three: ours through `spade_jax.models.load_hf`, transformers
 `tunix.generate.sampler.Sampler`. Greedy decoding; every row generates the
 full length (the end id V-1 gets a zero output row, so a random model never
 picks it, and Tunix treats it as padding). rope_theta is 1e6 because Tunix
-ignores the config's value.
+ignores the config's value. Tunix's sampler attends over its whole fixed cache
+every step, so each configuration gets a Tunix sampler whose cache is exactly
+prompt + new tokens (ours sizes its cache per call).
 
 Each configuration warms every engine once (compiles), then times
 `--repeats` interleaved rounds (ours, transformers, Tunix, ours, ...) and

@@ -8,7 +8,8 @@ one device. The prompt is prefilled once (`Engine.extend`), then `--new`
 greedy tokens are decoded for every row (`Engine.decode`, one while loop);
 decode time excludes compilation (a warm-up round runs first). Bandwidth is
 the bytes one decode step must read (all parameters plus every row's KV cache
-up to the cache length the engine attends over) times steps over decode time.
+over the blocks the step attends over: the live prefix rounded up to the
+decode attention's block) times steps over decode time.
 Writes `gpu_decode.json` to $OUT (or --out) and prints it.
 """
 
@@ -44,7 +45,7 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from spade_jax.models import init_params, num_params  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import init_params, num_params, qwen3  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import Engine, SamplingConfig  # pylint: disable=g-import-not-at-top
 
   smoke = _SMOKE.value
@@ -74,10 +75,15 @@ def main(argv):
   rounds = [one_round() for _ in range(_REPEATS.value)]
   prefill, decode, eng = sorted(rounds, key=lambda r: r[1])[len(rounds) // 2]
   cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(eng.state.cache))
-  step_bytes = param_bytes + cache_bytes
+  # Decode step i reads the blocks before the write pointer ptr0 + i + 1.
+  blk = qwen3._live_block(eng.max_len)  # pylint: disable=protected-access
+  ptr0 = eng.ptr - new
+  read = np.mean([-(-(ptr0 + i + 1) // blk) * blk for i in range(new)]) / eng.max_len
+  step_bytes = param_bytes + cache_bytes * read
   result = dict(
       device=str(jax.devices()[0].device_kind), smoke=smoke, batch=batch, prompt=plen,
       new=new, params=n_params, param_bytes=param_bytes, cache_bytes=cache_bytes,
+      cache_fraction_read=float(read),
       cache_len=eng.max_len, prefill_s=prefill, decode_s=decode,
       decode_tokens_per_s=batch * new / decode, decode_steps_per_s=new / decode,
       step_ms=1e3 * decode / new,

@@ -162,7 +162,10 @@ def _attention(q, k, v, mask, cfg: ModelConfig):
 
 
 def _live_block(S: int, most: int = 256) -> int:
-  """Largest power of two <= `most` that divides S (the decode block size)."""
+  """The decode block size: S itself up to `most`, else the largest power of
+  two <= `most` dividing S (engines round long caches to a multiple of 256)."""
+  if S <= most:
+    return S
   b = most
   while S % b:
     b //= 2
@@ -299,10 +302,10 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
             positions: jax.Array, mask: jax.Array,
             cache: dict[str, jax.Array] | None = None,
             cache_index: jax.Array | int = 0,
-            attend_len: int | None = None,
-            live_len: jax.Array | None = None,
             return_hidden: bool = False,
-            return_router_logits: bool = False):
+            return_router_logits: bool = False,
+            attend_len: int | None = None,
+            live_len: jax.Array | None = None):
   """Runs the decoder.
 
   Args:
@@ -317,14 +320,14 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
       the layers unrolled). The chunk's keys/values are written at
       `cache_index` along S before attending.
     cache_index: scalar start index of this chunk in the cache.
+    return_hidden: return final hidden states [B, T, D] instead of logits.
+    return_router_logits: also return the MoE router logits
+      [L_moe, B, T, X] (for `load_balancing_loss`) as a third output.
     attend_len: static; attend only over cache entries [0, attend_len) (the
       caller guarantees none after it is visible). `mask` is then
       [B, T, attend_len].
     live_len: optional scalar (decode, T == 1): no cache entry at or after it
       is visible; attention then walks only the live blocks of the cache.
-    return_hidden: return final hidden states [B, T, D] instead of logits.
-    return_router_logits: also return the MoE router logits
-      [L_moe, B, T, X] (for `load_balancing_loss`) as a third output.
 
   Returns:
     (logits [B, T, V] float32 (or hidden [B, T, D]), updated cache or None)

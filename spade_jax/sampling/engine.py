@@ -213,8 +213,8 @@ class Engine:
     cfg: model config.
     params: model parameters (any layout; resharded onto the engine's).
     slots: number of rows (rounded up to a multiple of the batch shards).
-    max_len: cache entries per row (rounded up to a multiple of 16); bounds one
-      row's live tokens.
+    max_len: cache entries per row (rounded up to a multiple of 16, or of 256
+      past 256); bounds one row's live tokens.
     rule: sampling rule (static: a new rule compiles new decode programs).
     mesh, rules: optional mesh and logical-axis rule set; without them the
       engine runs on the default device.
@@ -256,7 +256,9 @@ class Engine:
     self.mesh, self.rules = mesh, rules
     div = parallel.batch_divisor(mesh, rules) if mesh is not None else 1
     self.slots = -(-slots // div) * div
-    self.max_len = -(-int(max_len) // 16) * 16
+    # Multiples of 16; past 256, of 256 (the decode attention's block).
+    step = 256 if max_len > 256 else 16
+    self.max_len = -(-int(max_len) // step) * step
     self.cache_dtype = cache_dtype or cfg.compute_dtype
     self.ptr = 0
     self.fresh = np.zeros(self.slots, bool)  # rows whose logits follow their last token

@@ -128,6 +128,6 @@ def test_blocked_decode_attention_equals_full_softmax(S, live):
   mask = (jax.random.uniform(ks[3], (B, 1, S)) < 0.8) & (jnp.arange(S) < live)
   mask = mask.at[:, :, 0].set(True)
   want = qwen3._attention(q, k, v, mask, cfg)
-  got = jax.jit(qwen3._decode_attention, static_argnums=5)(q, k, v, mask, jnp.int32(live), cfg)
+  got = jax.jit(qwen3._decode_attention)(q, k, v, mask, jnp.int32(live))
   np.testing.assert_allclose(got, want, atol=2e-5)
   assert qwen3._live_block(S) <= 256 and S % qwen3._live_block(S) == 0

@@ -152,18 +152,18 @@ def _attention(q, k, v, mask, cfg: ModelConfig):
   scores = jnp.einsum("btkge,bkse->bkgts", q, k, preferred_element_type=jnp.float32)
   scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  if T == 1 and jax.default_backend() == "cpu":
-    # One query per row (decode): XLA:CPU runs this contraction as B*K tiny
-    # transposed matmuls; a fused multiply-reduce over S is ~2x faster there.
-    out = jnp.sum(probs[:, :, :, 0, :, None] * v[:, :, None], axis=3)[:, None]
-  else:
-    out = jnp.einsum("bkgts,bkse->btkge", probs, v)
+  out = jnp.einsum("bkgts,bkse->btkge", probs, v)
   return out.reshape(B, T, H, E)
 
 
-def _live_block(S: int, most: int = 256) -> int:
+# Largest cache block one decode-attention iteration reads; engines round long
+# caches up to a multiple of it.
+DECODE_BLOCK = 256
+
+
+def _live_block(S: int, most: int = DECODE_BLOCK) -> int:
   """The decode block size: S itself up to `most`, else the largest power of
-  two <= `most` dividing S (engines round long caches to a multiple of 256)."""
+  two <= `most` dividing S."""
   if S <= most:
     return S
   b = most
@@ -172,13 +172,15 @@ def _live_block(S: int, most: int = 256) -> int:
   return b
 
 
-def _decode_attention(q, k, v, mask, live_len, cfg: ModelConfig):
+def _decode_attention(q, k, v, mask, live_len):
   """One query per row over the live blocks of the cache only.
 
   q: [B, 1, H, E]; k, v: [B, K, S, E]; mask: [B, 1, S]; live_len: scalar, no
   entry at or after it is visible in any row. A `fori_loop` with a dynamic trip
   count walks blocks of the cache with an online softmax, so a step costs what
-  the live prefix costs, with no recompiles as it grows.
+  the live prefix costs, with no recompiles as it grows. The probs @ V
+  product is a fused multiply-reduce: as a dot, XLA:CPU runs it as B*K tiny
+  transposed matmuls (~2x slower).
   """
   B, _, H, E = q.shape
   K, S = k.shape[1], k.shape[2]
@@ -236,7 +238,8 @@ def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelCo
   v = jnp.swapaxes(v, 1, 2)
   if cache_kv is not None:
     # Write only this chunk into the cache (in place under donation), then
-    # attend over the layer's whole cache.
+    # attend over the cache (its first `attend_len` entries, or its live
+    # blocks when decoding with `live_len`).
     ck_all, cv_all, layer = cache_kv
     if isinstance(ck_all, tuple):  # per-layer buffers: no layer slice to copy
       at = (0, 0, cache_index, 0)
@@ -255,7 +258,7 @@ def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelCo
     if attend_len is not None and attend_len < k.shape[2]:
       k, v = k[:, :, :attend_len], v[:, :, :attend_len]
   if live_len is not None and q.shape[1] == 1:
-    attn = _decode_attention(q, k, v, mask, live_len, cfg).astype(dt)
+    attn = _decode_attention(q, k, v, mask, live_len).astype(dt)
   else:
     attn = _attention(q, k.astype(dt), v.astype(dt), mask, cfg)
   x = x + jnp.einsum("bthe,hed->btd", attn, lp["o"].astype(dt))

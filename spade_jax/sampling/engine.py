@@ -50,6 +50,7 @@ import numpy as np
 from spade_jax import parallel
 from spade_jax.models import (ModelConfig, forward, init_cache, logits_from_hidden,
                               param_axes, param_shapes)
+from spade_jax.models.qwen3 import DECODE_BLOCK
 from spade_jax.sampling.rules import SamplingConfig, draw, is_stop
 
 # Stacked caches are [L, B, K, S, E]; per-layer buffers drop the first axis.
@@ -256,8 +257,8 @@ class Engine:
     self.mesh, self.rules = mesh, rules
     div = parallel.batch_divisor(mesh, rules) if mesh is not None else 1
     self.slots = -(-slots // div) * div
-    # Multiples of 16; past 256, of 256 (the decode attention's block).
-    step = 256 if max_len > 256 else 16
+    # Multiples of 16; past one decode-attention block, of the block.
+    step = DECODE_BLOCK if max_len > DECODE_BLOCK else 16
     self.max_len = -(-int(max_len) // step) * step
     self.cache_dtype = cache_dtype or cfg.compute_dtype
     self.ptr = 0
@@ -403,8 +404,8 @@ class Engine:
       budget = np.zeros(self.slots, np.int32)
       for b in rows:
         budget[b] = min(remaining[b], steps)
-      start = self.ptr
       self._log_program("decode", steps)
+      start = self.ptr
       self.state, toks, logps, eos, n = self._decode(
           self.params, self.state, np.int32(start), active, budget, np.bool_(stop_on_finish),
           cfg=self.cfg, rule=self._device_rule, steps=steps)

@@ -1,5 +1,7 @@
 """Model: shapes, axes, KV-cache consistency, segment packing, sharded forward."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,6 +59,37 @@ def test_cache_prefill_and_decode_match_full_forward(params):
     m = jnp.broadcast_to(jnp.arange(S) <= t, (2, 1, S))
     out, cache = forward(params, CFG, toks[:, t:t + 1], pos[:, t:t + 1], m, cache, t)
     np.testing.assert_allclose(out[:, 0], full[:, t], atol=1e-5)
+
+
+@pytest.mark.parametrize("preset,per_layer", [("tiny", True), ("tiny", False),
+                                               ("tiny_moe", True)])
+def test_feature_major_decode_step_matches_forward(preset, per_layer):
+  from spade_jax.models import qwen3  # pylint: disable=g-import-not-at-top
+  cfg = dataclasses.replace(get_preset(preset), tie_embeddings=preset == "tiny")
+  p = init_params(jax.random.key(4), cfg)
+  dp = qwen3.decode_params(p, cfg)
+  assert len(dp["layers"]) == cfg.num_layers
+  assert dp["layers"][0]["q"].shape == (cfg.num_heads * cfg.head_dim, cfg.d_model)
+  assert dp["layers"][0]["o"].shape == (cfg.d_model, cfg.num_heads * cfg.head_dim)
+  assert len(dp["mlp"]) == cfg.num_dense_layers and len(dp["moe"]) == cfg.num_moe_layers
+  if dp["mlp"]:
+    assert dp["mlp"][0]["down"].shape == (cfg.d_model, cfg.mlp_dim)
+  B, P, S = 3, 6, 16
+  toks = jax.random.randint(jax.random.key(5), (B, P + 4), 3, 259)
+  pos = jnp.tile(jnp.arange(P + 4), (B, 1))
+  m = jnp.broadcast_to(jnp.arange(S)[None, :] <= jnp.arange(P)[:, None], (B, P, S))
+  _, cache = forward(p, cfg, toks[:, :P], pos[:, :P], m,
+                     init_cache(cfg, B, S, "float32", per_layer=per_layer), 0)
+  ref_cache = cache
+  step = jax.jit(lambda dp, c, t, ps, v, i: qwen3.decode_step(dp, cfg, t, ps, v, c, i, i + 1))
+  for t in range(P, P + 4):
+    valid = jnp.broadcast_to(jnp.arange(S) <= t, (B, S))
+    want, ref_cache = forward(p, cfg, toks[:, t:t + 1], pos[:, t:t + 1], valid[:, None],
+                              ref_cache, t, live_len=t + 1)
+    got, cache = step(dp, cache, toks[:, t], pos[:, t], valid, jnp.int32(t))
+    np.testing.assert_allclose(got, want[:, 0], atol=2e-5)
+    for a, b in zip(jax.tree.leaves(cache), jax.tree.leaves(ref_cache)):
+      np.testing.assert_allclose(a, b, atol=2e-5)
 
 
 def test_packed_segments_equal_separate_rows(params):
@@ -122,7 +155,7 @@ def test_blocked_decode_attention_equals_full_softmax(S, live):
   B = 3
   ks = jax.random.split(jax.random.key(S + live), 4)
   q = jax.random.normal(ks[0], (B, 1, 4, 16))
-  k = jax.random.normal(ks[1], (B, 2, S, 16))
+  k = jax.random.normal(ks[1], (B, 2, 16, S))  # keys [B, K, E, S]
   v = jax.random.normal(ks[2], (B, 2, S, 16))
   # Holes inside the live prefix (released / padding entries); nothing at or after `live`.
   mask = (jax.random.uniform(ks[3], (B, 1, S)) < 0.8) & (jnp.arange(S) < live)

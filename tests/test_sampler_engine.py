@@ -39,12 +39,13 @@ OBS = {1: [[70, 71, 72], [73], [74, 75, 76, 77, 78]],   # turn -> per-row observ
 TURN = [8, 5, 7]  # new tokens per turn for each row
 
 
-def _conversation(params, rule, continue_cache: bool, layer_cache: str = "auto"):
+def _conversation(params, rule, continue_cache: bool, layer_cache: str = "auto",
+                  decode_layout: str = "auto"):
   """Three turns; returns per-row histories and per-row (tokens, logps) per turn."""
   keys = row_keys(jax.random.key(11), len(PROMPTS))
   hist = [list(p) for p in PROMPTS]
   turns = []
-  eng = _engine(params, rule, layer_cache=layer_cache)
+  eng = _engine(params, rule, layer_cache=layer_cache, decode_layout=decode_layout)
   live = [0, 1, 2]
   for t in range(3):
     if t == 0 or not continue_cache:
@@ -68,11 +69,13 @@ def _conversation(params, rule, continue_cache: bool, layer_cache: str = "auto")
   return hist, turns
 
 
-@pytest.mark.parametrize("temperature,layer_cache",
-                         [(0.0, "per_layer"), (1.0, "per_layer"), (1.0, "stacked")])
-def test_three_turns_through_cache_equal_reprefill(params, temperature, layer_cache):
+@pytest.mark.parametrize("temperature,layer_cache,decode_layout",
+                         [(0.0, "per_layer", "feature_major"), (1.0, "per_layer", "batch_major"),
+                          (1.0, "stacked", "feature_major"), (0.0, "stacked", "batch_major")])
+def test_three_turns_through_cache_equal_reprefill(params, temperature, layer_cache,
+                                                   decode_layout):
   rule = SamplingConfig(temperature=temperature, top_k=50, eos_id=-1)
-  h_cache, t_cache = _conversation(params, rule, True, layer_cache)
+  h_cache, t_cache = _conversation(params, rule, True, layer_cache, decode_layout)
   h_full, t_full = _conversation(params, rule, False)
   assert h_cache == h_full
   for a, b in zip(t_cache, t_full):
@@ -92,14 +95,16 @@ def test_three_turns_through_cache_equal_reprefill(params, temperature, layer_ca
       pos += len(toks) + (len(OBS[t + 1][i] or []) if t + 1 < 3 else 0)
 
 
-@pytest.mark.parametrize("layer_cache", ["per_layer", "stacked"])
-def test_slot_refill_equals_each_request_alone(params, layer_cache):
+@pytest.mark.parametrize("layer_cache,decode_layout", [("per_layer", "feature_major"),
+                                                       ("stacked", "batch_major")])
+def test_slot_refill_equals_each_request_alone(params, layer_cache, decode_layout):
   rule = SamplingConfig(temperature=1.0, eos_id=-1, eos_ids=(7, 9))
   base = jax.random.key(5)
   reqs = [Request([3 + i] * (2 + 3 * i), 4 + 5 * (i % 3), jax.random.fold_in(base, i))
           for i in range(6)]
   # Two slots only, a small cache: forces refills and compaction.
-  eng = _engine(params, rule, max_len=64, layer_cache=layer_cache)
+  eng = _engine(params, rule, max_len=64, layer_cache=layer_cache, decode_layout=decode_layout)
+  assert eng.feature_major == (decode_layout == "feature_major")
   together = serve(eng, reqs, slots=[1, 3])
   assert {c.slot for c in together} == {1, 3}
   assert ("compact",) in eng.programs
@@ -163,10 +168,18 @@ def test_prefill_in_pieces_equals_one_piece_and_full_forward(params, layer_cache
     _engine(params, rule, prefill_chunk=24)
 
 
-def test_layer_cache_choice_is_checked(params):
+def test_layer_cache_and_decode_layout_choices_are_checked(params):
+  rule = SamplingConfig(temperature=0.0)
   with pytest.raises(ValueError, match="layer_cache='flat'"):
-    _engine(params, SamplingConfig(temperature=0.0), layer_cache="flat")
-  assert _engine(params, SamplingConfig(temperature=0.0)).per_layer  # CPU default
+    _engine(params, rule, layer_cache="flat")
+  with pytest.raises(ValueError, match="decode_layout='rows'"):
+    _engine(params, rule, decode_layout="rows")
+  eng = _engine(params, rule)
+  assert eng.per_layer and eng.feature_major  # CPU defaults at 4 slots
+  q = eng.decode_params["layers"][0]["q"]
+  assert q.shape == (CFG.num_heads * CFG.head_dim, CFG.d_model)
+  one = Engine(CFG, params, slots=1, max_len=32, rule=rule)
+  assert not one.feature_major and one.decode_params is one.params
 
 
 def test_decode_needs_fresh_logits_and_room(params):
@@ -200,10 +213,12 @@ def test_sharded_engine_matches_single_device_and_takes_new_params(params):
   rules = parallel.RULE_SETS["fsdp_tensor"]
   rule = SamplingConfig(temperature=0.0, eos_id=-1)
   sharded = _engine(params, rule, mesh=mesh, rules=rules)  # per-layer buffers on CPU
+  assert not sharded.feature_major  # "auto" on a mesh
   assert len(sharded.state.cache["k"]) == CFG.num_layers
   assert sharded.state.cache["k"][0].sharding.spec[:2] in (("data", "tensor"),
                                                            (("data",), "tensor"))
-  stacked = _engine(params, rule, mesh=mesh, rules=rules, layer_cache="stacked")
+  stacked = _engine(params, rule, mesh=mesh, rules=rules, layer_cache="stacked",
+                    decode_layout="feature_major")
   assert stacked.state.cache["k"].sharding.spec[1] in ("data", ("data",))
   assert stacked.state.cache["k"].sharding.spec[2] == "tensor"
   plain = _engine(params, rule)

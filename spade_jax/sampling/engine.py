@@ -50,12 +50,12 @@ import numpy as np
 from spade_jax import parallel
 from spade_jax.models import (ModelConfig, forward, init_cache, logits_from_hidden,
                               param_axes, param_shapes)
-from spade_jax.models.qwen3 import DECODE_BLOCK
+from spade_jax.models.qwen3 import (DECODE_BLOCK, KEY_CACHE_AXES, VALUE_CACHE_AXES,
+                                   cache_shapes, decode_params, decode_step)
 from spade_jax.sampling.rules import SamplingConfig, draw, is_stop
 
-# Stacked caches are [L, B, K, S, E]; per-layer buffers drop the first axis.
-CACHE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
-LAYER_CACHE_AXES = CACHE_AXES[1:]
+# Logical axes of the stacked key / value caches; per-layer buffers drop "layers".
+CACHE_AXES = {"k": KEY_CACHE_AXES, "v": VALUE_CACHE_AXES}
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -68,7 +68,8 @@ class DecodeState:
   """Device-side state of every slot.
 
   Attributes:
-    cache: {"k", "v"}: stacked [L, B, K, S, E] or tuples of L [B, K, S, E].
+    cache: {"k", "v"}: keys [L, B, K, E, S] and values [L, B, K, S, E], or
+      tuples of L per-layer buffers.
     valid: [B, S] bool, True on cache entries that belong to the row.
     lengths: [B] int32 tokens in each row (the next RoPE position).
     logits: [B, V] float32 next-token logits of each row.
@@ -132,10 +133,13 @@ def extend_step(params, state: DecodeState, ptr, tokens, tok_valid, reset, new_k
 
 
 def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish, *,
-                cfg: ModelConfig, rule: SamplingConfig, steps: int):
+                cfg: ModelConfig, rule: SamplingConfig, steps: int,
+                feature_major: bool = False):
   """Samples up to `steps` tokens for every active row.
 
   Args:
+    params: model parameters, or with `feature_major` the
+      `qwen3.decode_params` layout (each step then runs `qwen3.decode_step`).
     state: current state; active rows' `logits` must be fresh.
     ptr: scalar write index of the first step.
     active: [B] bool rows to decode.
@@ -167,14 +171,18 @@ def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish,
     valid = jax.lax.dynamic_update_slice(st.valid, emit[:, None], (0, idx))
     # Entries after idx are invalid in every row: attention walks only the
     # cache blocks before idx + 1.
-    logits, cache = forward(params, cfg, tok[:, None], st.lengths[:, None],
-                            valid[:, None, :], st.cache, idx, live_len=idx + 1)
+    if feature_major:
+      logits, cache = decode_step(params, cfg, tok, st.lengths, valid, st.cache, idx, idx + 1)
+    else:
+      logits, cache = forward(params, cfg, tok[:, None], st.lengths[:, None],
+                              valid[:, None, :], st.cache, idx, live_len=idx + 1)
+      logits = logits[:, 0]
     hit = emit & is_stop(tok, rule)
     eos = eos | hit
     counts_after = step + 1  # every emitting row has emitted step + 1 tokens
     newly = emit & (hit | (counts_after >= budget))
     st = DecodeState(cache=cache, valid=valid, lengths=st.lengths + emit,
-                     logits=jnp.where(emit[:, None], logits[:, 0], st.logits), keys=st.keys)
+                     logits=jnp.where(emit[:, None], logits, st.logits), keys=st.keys)
     return step + 1, st, done | newly, toks, logps, eos, jnp.any(newly)
 
   carry = (jnp.int32(0), state, done0, jnp.full((B, steps), rule.pad_id, jnp.int32),
@@ -189,10 +197,13 @@ def compact_step(state: DecodeState) -> DecodeState:
   counts = state.valid.sum(axis=1)
   S = state.valid.shape[1]
   valid = jnp.arange(S)[None, :] < counts[:, None]
-  def move(c):  # the length axis is second to last in both layouts
-    idx = order[:, None, :, None] if c.ndim == 4 else order[None, :, None, :, None]
-    return jnp.take_along_axis(c, idx, axis=c.ndim - 2)
-  cache = jax.tree.map(move, state.cache)
+  def move(c, axis):  # axis: the length axis counted from the end
+    idx = order[:, None, None, :] if axis == -1 else order[:, None, :, None]
+    if c.ndim == 5:
+      idx = idx[None]
+    return jnp.take_along_axis(c, idx, axis=c.ndim + axis)
+  cache = {"k": jax.tree.map(lambda c: move(c, -1), state.cache["k"]),
+           "v": jax.tree.map(lambda c: move(c, -2), state.cache["v"])}
   return state.replace(cache=cache, valid=valid)
 
 
@@ -230,16 +241,26 @@ class Engine:
     prefill_chunk: longest piece (a power of two) one extend program takes;
       longer chunks are appended in pieces, each attending only over the cache
       so far. Default 128 on CPU, 1024 elsewhere.
+    decode_layout: "feature_major" (decode steps run `qwen3.decode_step` on a
+      second copy of the weights in [out, in] layout, kept in step with
+      `set_params`; faster matrix products on CPU from a few rows up),
+      "batch_major" (decode runs `forward`; no second copy) or "auto"
+      (feature_major on one CPU device with at least
+      `FEATURE_MAJOR_MIN_SLOTS` slots, else batch_major).
   """
 
   def __init__(self, cfg: ModelConfig, params, *, slots: int, max_len: int,
                rule: SamplingConfig, mesh: Mesh | None = None, rules=None,
                cache_dtype: str | None = None, chunk: int = 64,
                detokenize: Callable[[Sequence[int]], str] | None = None,
-               layer_cache: str = "auto", prefill_chunk: int | None = None):
+               layer_cache: str = "auto", prefill_chunk: int | None = None,
+               decode_layout: str = "auto"):
     if layer_cache not in ("auto", "per_layer", "stacked"):
       raise ValueError(f"layer_cache={layer_cache!r}; expected 'auto', 'per_layer' or "
                        "'stacked'.")
+    if decode_layout not in ("auto", "feature_major", "batch_major"):
+      raise ValueError(f"decode_layout={decode_layout!r}; expected 'auto', 'feature_major' "
+                       "or 'batch_major'.")
     platform = (next(iter(mesh.devices.flat)) if mesh is not None else jax.devices()[0]).platform
     if layer_cache == "auto":
       layer_cache = "per_layer" if platform == "cpu" else "stacked"
@@ -257,6 +278,11 @@ class Engine:
     self.mesh, self.rules = mesh, rules
     div = parallel.batch_divisor(mesh, rules) if mesh is not None else 1
     self.slots = -(-slots // div) * div
+    if decode_layout == "auto":
+      one_cpu = platform == "cpu" and (mesh is None or mesh.devices.size == 1)
+      decode_layout = ("feature_major" if one_cpu and self.slots >= FEATURE_MAJOR_MIN_SLOTS
+                       else "batch_major")
+    self.feature_major = decode_layout == "feature_major"
     # Multiples of 16; past one decode-attention block, of the block.
     step = DECODE_BLOCK if max_len > DECODE_BLOCK else 16
     self.max_len = -(-int(max_len) // step) * step
@@ -271,15 +297,15 @@ class Engine:
       spec = lambda axes, shape: NamedSharding(
           mesh, parallel.logical_to_spec(axes, shape, mesh, rules))
       B, S = self.slots, self.max_len
-      cshape = (B, cfg.num_kv_heads, S, cfg.head_dim)
-      cache = ((spec(LAYER_CACHE_AXES, cshape),) * cfg.num_layers if self.per_layer
-               else spec(CACHE_AXES, (cfg.num_layers,) + cshape))
+      shapes = cache_shapes(cfg, B, S, self.per_layer)
+      cache = tuple((spec(CACHE_AXES[n][1:], shapes[n]),) * cfg.num_layers if self.per_layer
+                    else spec(CACHE_AXES[n], shapes[n]) for n in ("k", "v"))
       self._state_shardings = (
           cache, spec(("batch", "length"), (B, S)), spec(("batch",), (B,)),
           spec(("batch", "vocab"), (B, cfg.vocab_size)), spec(("batch",), (B,)))
     (self._init, self._extend, self._decode, self._compact,
      self._truncate) = _programs(self._state_shardings)
-    self.params = None
+    self.params = self.decode_params = None
     self.set_params(params)
     self.state = self._init(cfg, self.slots, self.max_len, self.cache_dtype, self.per_layer)
 
@@ -293,13 +319,16 @@ class Engine:
       # No inference mesh given: gather onto one device (device to device).
       params = jax.device_put(params, jax.devices()[0])
     self.params = params
+    # The decode copy is a new buffer per leaf it transposes (norms and the
+    # embedding are shared); the old copy is freed with the old parameters.
+    self.decode_params = decode_params(params, self.cfg) if self.feature_major else params
 
   # -- bookkeeping ----------------------------------------------------------------
   def _log_program(self, kind: str, *shape) -> None:
     key = (kind, *shape)
     self.programs.add(key)
     full = key + (self.cfg, self.slots, self.max_len, self.cache_dtype, self.per_layer,
-                  self._state_shardings)
+                  self.feature_major, self._state_shardings)
     if full not in _PROGRAMS:
       _PROGRAMS.add(full)
       logging.info("sampler: compiling %s %s (slots=%d, cache=%d; %d programs here)",
@@ -407,8 +436,9 @@ class Engine:
       self._log_program("decode", steps)
       start = self.ptr
       self.state, toks, logps, eos, n = self._decode(
-          self.params, self.state, np.int32(start), active, budget, np.bool_(stop_on_finish),
-          cfg=self.cfg, rule=self._device_rule, steps=steps)
+          self.decode_params, self.state, np.int32(start), active, budget,
+          np.bool_(stop_on_finish), cfg=self.cfg, rule=self._device_rule, steps=steps,
+          feature_major=self.feature_major)
       toks, logps, eos, n = jax.device_get((toks, logps, eos, n))
       self.ptr = start + int(n)
       cut_keep = np.zeros(self.slots, np.int32)
@@ -462,6 +492,9 @@ def _stop_string_cut(prev: list[int], new: list[int], stops: tuple[str, ...],
 
 
 _PROGRAMS: set[tuple] = set()
+# Slots from which "auto" picks the feature-major decode step on CPU: at one
+# row the batch-major step is faster (`experiments/benchmarks/decode_layout.py`).
+FEATURE_MAJOR_MIN_SLOTS = 4
 
 
 @functools.lru_cache(maxsize=None)
@@ -469,16 +502,17 @@ def _programs(shards: tuple | None):
   """Jitted engine programs for one state layout (None: default device).
 
   Args:
-    shards: (cache, valid, lengths, logits, keys) shardings, or None.
+    shards: ((key cache, value cache), valid, lengths, logits, keys)
+      shardings, or None.
   """
   out = None
   if shards is not None:
     c, v, n, lg, k = shards
-    out = DecodeState(cache={"k": c, "v": c}, valid=v, lengths=n, logits=lg, keys=k)
+    out = DecodeState(cache={"k": c[0], "v": c[1]}, valid=v, lengths=n, logits=lg, keys=k)
   init = jax.jit(init_state, static_argnums=(0, 1, 2, 3, 4), out_shardings=out)
   extend = jax.jit(extend_step, static_argnames=("cfg", "span"), donate_argnums=(1,),
                    out_shardings=out)
-  decode = jax.jit(decode_loop, static_argnames=("cfg", "rule", "steps"),
+  decode = jax.jit(decode_loop, static_argnames=("cfg", "rule", "steps", "feature_major"),
                    donate_argnums=(1,),
                    out_shardings=None if out is None else (out, None, None, None, None))
   compact = jax.jit(compact_step, donate_argnums=(0,), out_shardings=out)

@@ -69,10 +69,12 @@ def test_feature_major_decode_step_matches_forward(preset, per_layer):
   p = init_params(jax.random.key(4), cfg)
   dp = qwen3.decode_params(p, cfg)
   assert len(dp["layers"]) == cfg.num_layers
-  assert dp["layers"][0]["q"].shape == (cfg.num_heads * cfg.head_dim, cfg.d_model)
+  H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  assert dp["layers"][0]["qkv"].shape == ((H + 2 * K) * E, cfg.d_model)
   assert dp["layers"][0]["o"].shape == (cfg.d_model, cfg.num_heads * cfg.head_dim)
   assert len(dp["mlp"]) == cfg.num_dense_layers and len(dp["moe"]) == cfg.num_moe_layers
   if dp["mlp"]:
+    assert dp["mlp"][0]["gate_up"].shape == (2 * cfg.mlp_dim, cfg.d_model)
     assert dp["mlp"][0]["down"].shape == (cfg.d_model, cfg.mlp_dim)
   B, P, S = 3, 6, 16
   toks = jax.random.randint(jax.random.key(5), (B, P + 4), 3, 259)

@@ -1,4 +1,4 @@
-"""The accelerator decode benchmark runs end to end on CPU in its smoke mode."""
+"""Benchmark scripts run end to end on CPU (the accelerator one in its smoke mode)."""
 
 import json
 import os
@@ -19,3 +19,15 @@ def test_gpu_decode_smoke_writes_json(tmp_path):
   result = json.loads((tmp_path / "gpu_decode.json").read_text())
   assert result["smoke"] and result["decode_tokens_per_s"] > 0
   assert result["achieved_bandwidth_gb_s"] > 0 and result["cache_len"] >= 32
+
+
+@pytest.mark.slow
+def test_decode_layout_benchmark_runs_and_layouts_agree():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.decode_layout",
+                        "--models=tiny", "--batches=4", "--new=8", "--repeats=1"],
+                       cwd=root, env=env, check=True, capture_output=True, text=True,
+                       timeout=600).stdout
+  assert "tiny  batch   4:" in out and "same tokens True" in out

@@ -30,6 +30,12 @@ An extend attends only over the cache prefix that can hold live entries (the
 write pointer rounded up to a power of two); a decode step walks the cache in
 blocks up to the write pointer (a loop with a dynamic trip count, online
 softmax), so both cost what the live prefix costs, not the cache length.
+Keys are cached length-last ([B, K, E, S]), values [B, K, S, E].
+
+On one CPU device with a few slots or more, decode steps run feature-major
+(`qwen3.decode_step`: hidden state [D, B], per-layer weights [out, in], from
+a second copy of the weights made by `set_params`); elsewhere they run
+`qwen3.forward`. Both give the same tokens (`decode_layout=` chooses).
 Compiled programs: one extend per (chunk-length bucket, span), one decode per
 step-count bucket, one compact; spans are powers of two, so their number grows
 with log2 of the cache length; `programs` lists them.

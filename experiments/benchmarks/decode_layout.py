@@ -1,0 +1,85 @@
+r"""Decode step time of the engine's two decode layouts, per batch size.
+
+  python -m experiments.benchmarks.decode_layout [--models=tiny,50m] \
+      [--batches=1,2,4,8,32] [--prompt=64] [--new=128] [--repeats=3]
+
+`Engine(decode_layout="batch_major")` runs each decode step through
+`qwen3.forward` (hidden state [B, D], weights [in, out], stacked per layer);
+"feature_major" runs `qwen3.decode_step` (hidden state [D, B], per-layer
+weights [out, in]). For each model size and batch the script builds one
+engine per layout on the same random weights (fp32, fp32 cache), prefills the
+same uneven prompts, times `decode` of `--new` tokens per row (medians of
+`--repeats` interleaved rounds after a compile round) and prints ms per step,
+the ratio batch_major / feature_major, and whether both produced the same
+greedy tokens. `Engine`'s "auto" picks feature_major on one CPU device from
+`engine.FEATURE_MAJOR_MIN_SLOTS` slots; this script is what that threshold
+comes from.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from absl import app, flags
+
+_MODELS = flags.DEFINE_list("models", ["tiny", "50m"], "Model sizes: tiny, 50m.")
+_BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "32"], "Batch sizes.")
+_PROMPT = flags.DEFINE_integer("prompt", 64, "Longest prompt (others half to full length).")
+_NEW = flags.DEFINE_integer("new", 128, "New tokens per row.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds per layout.")
+
+# The sampler benchmark's sizes (HF field names there; ModelConfig names here).
+SIZES = {
+    "tiny": dict(vocab_size=512, d_model=256, num_layers=4, num_heads=8, num_kv_heads=4,
+                 head_dim=32, mlp_dim=768),
+    "50m": dict(vocab_size=32768, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4,
+                head_dim=64, mlp_dim=1536),
+}
+LAYOUTS = ("batch_major", "feature_major")
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import ModelConfig, init_params  # pylint: disable=g-import-not-at-top
+  from spade_jax.sampling import Engine, SamplingConfig  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_platforms", "cpu")
+  P, N = _PROMPT.value, _NEW.value
+  for size in _MODELS.value:
+    if size not in SIZES:
+      raise app.UsageError(f"--models: unknown size {size!r}; expected one of {sorted(SIZES)}.")
+    cfg = ModelConfig(**SIZES[size], tie_embeddings=False, scan_layers=False)
+    params = init_params(jax.random.key(0), cfg)
+    rule = SamplingConfig(temperature=0.0, eos_id=-1, pad_id=cfg.vocab_size - 1)
+    for B in (int(b) for b in _BATCHES.value):
+      rng = np.random.default_rng(B)
+      prompts = [rng.integers(1, cfg.vocab_size - 1,
+                              P if i == 0 else int(rng.integers(P // 2, P + 1))).tolist()
+                 for i in range(B)]
+      def run(layout):
+        # A fresh engine per round (compiled programs are shared), so every
+        # round decodes from the same cache state.
+        eng = Engine(cfg, params, slots=B, max_len=P + N, rule=rule, cache_dtype="float32",
+                     decode_layout=layout)
+        eng.extend(dict(enumerate(prompts)), {b: jax.random.key(b) for b in range(B)})
+        jax.block_until_ready(eng.state.logits)
+        t0 = time.perf_counter()
+        out = eng.decode({b: N for b in range(B)})
+        return time.perf_counter() - t0, [out[b][0] for b in range(B)]
+
+      tokens = {lay: run(lay)[1] for lay in LAYOUTS}  # compile round
+      times = {lay: [] for lay in LAYOUTS}
+      for _ in range(_REPEATS.value):
+        for lay in LAYOUTS:
+          times[lay].append(run(lay)[0])
+      ms = {lay: statistics.median(t) / N * 1e3 for lay, t in times.items()}
+      print(f"{size:5s} batch {B:3d}: batch_major {ms['batch_major']:7.2f} ms/step  "
+            f"feature_major {ms['feature_major']:7.2f} ms/step  "
+            f"ratio {ms['batch_major'] / ms['feature_major']:5.2f}x  "
+            f"same tokens {tokens['batch_major'] == tokens['feature_major']}", flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -175,11 +175,11 @@ def test_layer_cache_and_decode_layout_choices_are_checked(params):
   with pytest.raises(ValueError, match="decode_layout='rows'"):
     _engine(params, rule, decode_layout="rows")
   eng = _engine(params, rule)
-  assert eng.per_layer and eng.feature_major  # CPU defaults at 4 slots
+  assert eng.per_layer and eng.feature_major  # CPU defaults
   qkv = eng.decode_params["layers"][0]["qkv"]
   assert qkv.shape == ((CFG.num_heads + 2 * CFG.num_kv_heads) * CFG.head_dim, CFG.d_model)
-  one = Engine(CFG, params, slots=1, max_len=32, rule=rule)
-  assert not one.feature_major and one.decode_params is one.params
+  plain = _engine(params, rule, decode_layout="batch_major")
+  assert not plain.feature_major and plain.decode_params is plain.params
 
 
 def test_decode_needs_fresh_logits_and_room(params):

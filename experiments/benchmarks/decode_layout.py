@@ -11,9 +11,8 @@ engine per layout on the same random weights (fp32, fp32 cache), prefills the
 same uneven prompts, times `decode` of `--new` tokens per row (medians of
 `--repeats` interleaved rounds after a compile round) and prints ms per step,
 the ratio batch_major / feature_major, and whether both produced the same
-greedy tokens. `Engine`'s "auto" picks feature_major on one CPU device from
-`engine.FEATURE_MAJOR_MIN_SLOTS` slots; this script is what that threshold
-comes from.
+greedy tokens. `Engine`'s "auto" picks feature_major on one CPU device; this
+script is what that choice rests on.
 """
 
 from __future__ import annotations

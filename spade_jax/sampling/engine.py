@@ -32,7 +32,7 @@ blocks up to the write pointer (a loop with a dynamic trip count, online
 softmax), so both cost what the live prefix costs, not the cache length.
 Keys are cached length-last ([B, K, E, S]), values [B, K, S, E].
 
-On one CPU device, decode steps run feature-major
+On one CPU device with 2+ slots, decode steps run feature-major
 (`qwen3.decode_step`: hidden state [D, B], per-layer weights [out, in], from
 a second copy of the weights made by `set_params`); elsewhere they run
 `qwen3.forward`. Both give the same tokens (`decode_layout=` chooses).
@@ -251,8 +251,9 @@ class Engine:
       second copy of the weights in [out, in] layout, kept in step with
       `set_params`; faster matrix products on CPU from a few rows up),
       "batch_major" (decode runs `forward`; no second copy) or "auto"
-      (feature_major on one CPU device, else batch_major). The copy doubles
-      the weights' memory: pass batch_major for a model that only just fits.
+      (feature_major on one CPU device with at least `FEATURE_MAJOR_MIN_SLOTS`
+      slots, else batch_major). The copy doubles the weights' memory: pass
+      batch_major for a model that only just fits.
   """
 
   def __init__(self, cfg: ModelConfig, params, *, slots: int, max_len: int,
@@ -286,7 +287,8 @@ class Engine:
     self.slots = -(-slots // div) * div
     if decode_layout == "auto":
       one_cpu = platform == "cpu" and (mesh is None or mesh.devices.size == 1)
-      decode_layout = "feature_major" if one_cpu else "batch_major"
+      decode_layout = ("feature_major" if one_cpu and self.slots >= FEATURE_MAJOR_MIN_SLOTS
+                       else "batch_major")
     self.feature_major = decode_layout == "feature_major"
     # Multiples of 16; past one decode-attention block, of the block.
     step = DECODE_BLOCK if max_len > DECODE_BLOCK else 16
@@ -497,6 +499,12 @@ def _stop_string_cut(prev: list[int], new: list[int], stops: tuple[str, ...],
 
 
 _PROGRAMS: set[tuple] = set()
+# Slots from which "auto" picks the feature-major decode step on CPU. Its
+# steps are faster at every batch (`experiments/benchmarks/decode_layout.py`),
+# but making the weight copy adds ~20-40 ms to each engine's start for the tiny
+# model, which one-row `generate` calls do not win back (sampler benchmark,
+# tiny, 1 x 128 tokens, two runs: 669 tok/s batch-major, 453 feature-major).
+FEATURE_MAJOR_MIN_SLOTS = 2
 
 
 @functools.lru_cache(maxsize=None)

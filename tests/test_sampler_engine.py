@@ -1,6 +1,8 @@
 """Engine: multi-turn continuation vs re-prefill, slot refill vs alone, stop strings,
 compaction, min-p, sharded layout and weight handoff."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -234,3 +236,15 @@ def test_sharded_engine_matches_single_device_and_takes_new_params(params):
   leaf = sharded.params["layers"]["q"]
   assert leaf.sharding.spec == parallel.logical_to_spec(
       ("layers", "embed", "heads", "head_dim"), leaf.shape, mesh, rules)
+
+
+@pytest.mark.parametrize("decode_layout", ["feature_major", "batch_major"])
+def test_bfloat16_model_generates_on_cpu(decode_layout):
+  cfg = dataclasses.replace(CFG, param_dtype="bfloat16", compute_dtype="bfloat16")
+  p = init_params(jax.random.key(1), cfg)
+  eng = Engine(cfg, p, slots=2, max_len=64, rule=SamplingConfig(temperature=0.0, eos_id=-1),
+               decode_layout=decode_layout)
+  assert eng.state.cache["k"][0].dtype == jnp.bfloat16
+  eng.extend({0: list(range(3, 40)), 1: [5, 6]}, {0: jax.random.key(0), 1: jax.random.key(1)})
+  out = eng.decode({0: 6, 1: 6})
+  assert all(len(out[b][0]) == 6 and np.isfinite(out[b][1]).all() for b in (0, 1))

@@ -10,8 +10,9 @@ weights [out, in]). For each model size and batch the script builds one
 engine per layout on the same random weights (fp32, fp32 cache), prefills the
 same uneven prompts, times `decode` of `--new` tokens per row (medians of
 `--repeats` interleaved rounds after a compile round) and prints ms per step,
-the ratio batch_major / feature_major, and whether both produced the same
-greedy tokens. `Engine`'s "auto" picks feature_major on one CPU device; this
+the ratio batch_major / feature_major, whether both produced the same greedy
+tokens, and the median time to start an engine (feature_major makes its copy
+of the weights there). `Engine`'s "auto" picks feature_major on one CPU device; this
 script is what that choice rests on.
 """
 
@@ -60,24 +61,33 @@ def main(argv):
       def run(layout):
         # A fresh engine per round (compiled programs are shared), so every
         # round decodes from the same cache state.
+        t0 = time.perf_counter()
         eng = Engine(cfg, params, slots=B, max_len=P + N, rule=rule, cache_dtype="float32",
                      decode_layout=layout)
+        jax.block_until_ready((eng.decode_params, eng.state))
+        start = time.perf_counter() - t0
         eng.extend(dict(enumerate(prompts)), {b: jax.random.key(b) for b in range(B)})
         jax.block_until_ready(eng.state.logits)
         t0 = time.perf_counter()
         out = eng.decode({b: N for b in range(B)})
-        return time.perf_counter() - t0, [out[b][0] for b in range(B)]
+        return time.perf_counter() - t0, start, [out[b][0] for b in range(B)]
 
-      tokens = {lay: run(lay)[1] for lay in LAYOUTS}  # compile round
+      tokens = {lay: run(lay)[2] for lay in LAYOUTS}  # compile round
       times = {lay: [] for lay in LAYOUTS}
+      starts = {lay: [] for lay in LAYOUTS}
       for _ in range(_REPEATS.value):
         for lay in LAYOUTS:
-          times[lay].append(run(lay)[0])
+          t, st, _ = run(lay)
+          times[lay].append(t)
+          starts[lay].append(st)
       ms = {lay: statistics.median(t) / N * 1e3 for lay, t in times.items()}
+      start_ms = {lay: statistics.median(t) * 1e3 for lay, t in starts.items()}
       print(f"{size:5s} batch {B:3d}: batch_major {ms['batch_major']:7.2f} ms/step  "
             f"feature_major {ms['feature_major']:7.2f} ms/step  "
             f"ratio {ms['batch_major'] / ms['feature_major']:5.2f}x  "
-            f"same tokens {tokens['batch_major'] == tokens['feature_major']}", flush=True)
+            f"same tokens {tokens['batch_major'] == tokens['feature_major']}  "
+            f"engine start {start_ms['batch_major']:.1f} / {start_ms['feature_major']:.1f} ms",
+            flush=True)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ F mlp width, V vocab, L layers, X experts.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -120,24 +121,36 @@ def init_params(key: jax.Array, cfg: ModelConfig) -> Params:
   return jax.tree.unflatten(treedef, out)
 
 
-def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
-  """RMSNorm over the last axis, computed in float32."""
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float, axis: int = -1) -> jax.Array:
+  """RMSNorm over `axis` (default the last), computed in float32; `scale`
+  runs along that axis."""
   x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-  return (y * scale.astype(jnp.float32)).astype(x.dtype)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + eps)
+  shape = [1] * x.ndim
+  shape[axis] = -1
+  return (y * scale.astype(jnp.float32).reshape(shape)).astype(x.dtype)
+
+
+def _rope_tables(positions: jax.Array, E: int, theta: float):
+  """cos, sin tables [..., E] (half-rotation layout) for positions [...]."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, E, 2, dtype=jnp.float32) / E))
+  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [..., E/2]
+  return (jnp.concatenate([jnp.cos(angles)] * 2, axis=-1),
+          jnp.concatenate([jnp.sin(angles)] * 2, axis=-1))
+
+
+def _apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array, axis: int = -1) -> jax.Array:
+  """Rotates x's halves along `axis` (the head dim) by tables broadcasting to x."""
+  x32 = x.astype(jnp.float32)
+  x1, x2 = jnp.split(x32, 2, axis=axis)
+  rotated = jnp.concatenate([-x2, x1], axis=axis)
+  return (x32 * cos + rotated * sin).astype(x.dtype)
 
 
 def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   """Rotary embedding (half-rotation layout). x: [B, T, N, E]; positions: [B, T]."""
-  E = x.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, E, 2, dtype=jnp.float32) / E))
-  angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, E/2]
-  cos = jnp.concatenate([jnp.cos(angles)] * 2, axis=-1)[:, :, None, :]
-  sin = jnp.concatenate([jnp.sin(angles)] * 2, axis=-1)[:, :, None, :]
-  x32 = x.astype(jnp.float32)
-  x1, x2 = jnp.split(x32, 2, axis=-1)
-  rotated = jnp.concatenate([-x2, x1], axis=-1)
-  return (x32 * cos + rotated * sin).astype(x.dtype)
+  cos, sin = _rope_tables(positions, x.shape[-1], theta)
+  return _apply_rope(x, cos[:, :, None, :], sin[:, :, None, :])
 
 
 def _attention(q, k, v, mask, cfg: ModelConfig):
@@ -150,6 +163,9 @@ def _attention(q, k, v, mask, cfg: ModelConfig):
   B, T, H, E = q.shape
   K = k.shape[1]
   q = (q * jnp.asarray(1.0 / math.sqrt(E), q.dtype)).reshape(B, T, K, H // K, E)
+  if q.dtype != jnp.float32 and jax.default_backend() == "cpu":
+    # XLA:CPU has no bf16 x bf16 -> f32 product against length-last keys.
+    q, k = q.astype(jnp.float32), k.astype(jnp.float32)
   scores = jnp.einsum("btkge,bkes->bkgts", q, k, preferred_element_type=jnp.float32)
   scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
@@ -485,42 +501,26 @@ def decode_params(params: Params, cfg: ModelConfig) -> Params:
     that no product needs its weight re-laid out, and products that share an
     input are one product.
   """
-  L, D = cfg.num_layers, cfg.d_model
-  lay = params["layers"]
+  layers, mlp, moe = _decode_layer_weights(params["layers"], params.get("mlp", {}),
+                                           params.get("moe", {}), cfg)
+  return {"embed": params["embed"], "head": params["embed" if cfg.tie_embeddings else "lm_head"],
+          "final_norm": params["final_norm"], "layers": layers, "mlp": mlp, "moe": moe}
+
+
+@functools.partial(jax.jit, static_argnums=(3,))
+def _decode_layer_weights(lay, mlp, moe, cfg: ModelConfig):
+  """The per-layer part of `decode_params`, as one program (eagerly, its
+  slices and transposes cost ~30 ms for a 4-layer model, on every engine)."""
+  D = cfg.d_model
   norms = ("attn_norm", "q_norm", "k_norm", "mlp_norm")
   # [D, N, E] -> [N * E, D] for q, k and v, stacked; [H, E, D] -> [D, H * E].
   layers = tuple(dict({n: lay[n][i] for n in norms},
                       qkv=jnp.concatenate([lay[n][i].reshape(D, -1) for n in "qkv"], 1).T,
-                      o=lay["o"][i].reshape(-1, D).T) for i in range(L))
-  mlp = params.get("mlp", {})
-  out: Params = {
-      "embed": params["embed"],
-      "head": params["embed" if cfg.tie_embeddings else "lm_head"],
-      "final_norm": params["final_norm"],
-      "layers": layers,
-      "mlp": tuple({"gate_up": jnp.concatenate([mlp["gate"][i], mlp["up"][i]], 1).T,
-                    "down": mlp["down"][i].T} for i in range(cfg.num_dense_layers)),
-      "moe": tuple(jax.tree.map(lambda a, i=i: a[i], params["moe"])
-                   for i in range(cfg.num_moe_layers)),
-  }
-  return out
-
-
-def _rms_norm_axis(x, scale, eps: float, axis: int):
-  """RMSNorm over `axis` (float32); `scale` broadcasts along that axis."""
-  x32 = x.astype(jnp.float32)
-  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=axis, keepdims=True) + eps)
-  shape = [1] * x.ndim
-  shape[axis] = -1
-  return (y * scale.astype(jnp.float32).reshape(shape)).astype(x.dtype)
-
-
-def _rope_heads_first(x, cos, sin):
-  """Rotary embedding for x: [N, E, B] with tables cos, sin: [E, B]."""
-  x32 = x.astype(jnp.float32)
-  x1, x2 = jnp.split(x32, 2, axis=1)
-  rotated = jnp.concatenate([-x2, x1], axis=1)
-  return (x32 * cos + rotated * sin).astype(x.dtype)
+                      o=lay["o"][i].reshape(-1, D).T) for i in range(cfg.num_layers))
+  dense = tuple({"gate_up": jnp.concatenate([mlp["gate"][i], mlp["up"][i]], 1).T,
+                 "down": mlp["down"][i].T} for i in range(cfg.num_dense_layers))
+  sparse = tuple(jax.tree.map(lambda a, i=i: a[i], moe) for i in range(cfg.num_moe_layers))
+  return layers, dense, sparse
 
 
 def _pin(x):
@@ -554,20 +554,16 @@ def decode_step(dparams: Params, cfg: ModelConfig, tokens: jax.Array,
   ck_all, cv_all = cache["k"], cache["v"]
   # RoPE tables once per step (fused into each layer, sin and cos would be
   # recomputed for every element of every layer's q and k).
-  E = cfg.head_dim
-  inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, E, 2, dtype=jnp.float32) / E))
-  angles = inv_freq[:, None] * positions.astype(jnp.float32)[None, :]  # [E/2, B]
-  cos, sin = _pin((jnp.concatenate([jnp.cos(angles)] * 2, axis=0),
-                   jnp.concatenate([jnp.sin(angles)] * 2, axis=0)))
+  H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  cos, sin = _pin(tuple(t.T for t in _rope_tables(positions, E, cfg.rope_theta)))  # [E, B]
   di = mi = 0
   for i, is_moe in enumerate(cfg.layer_is_moe):
     lp = dparams["layers"][i]
-    h = _rms_norm_axis(x, lp["attn_norm"], eps, 0)
+    h = rms_norm(x, lp["attn_norm"], eps, 0)
     qkv = _pin(lp["qkv"].astype(dt) @ h).reshape(-1, E, B)  # [H + 2K, E, B]
-    H, K = cfg.num_heads, cfg.num_kv_heads
     q, k, v = qkv[:H], qkv[H:H + K], qkv[H + K:]
-    q = _rope_heads_first(_rms_norm_axis(q, lp["q_norm"], eps, 1), cos, sin)
-    k = _rope_heads_first(_rms_norm_axis(k, lp["k_norm"], eps, 1), cos, sin)
+    q = _apply_rope(rms_norm(q, lp["q_norm"], eps, 1), cos, sin, axis=1)
+    k = _apply_rope(rms_norm(k, lp["k_norm"], eps, 1), cos, sin, axis=1)
     k = jnp.transpose(k, (2, 0, 1))[..., None]  # [B, K, E, 1]
     v = jnp.transpose(v, (2, 0, 1))[:, :, None, :]  # [B, K, 1, E]
     kc, vc, (ck_all, cv_all) = _write_cache((ck_all, cv_all, i), k, v, cache_index)
@@ -575,7 +571,7 @@ def decode_step(dparams: Params, cfg: ModelConfig, tokens: jax.Array,
     attn = _decode_attention(q, kc, vc, mask[:, None, :], live_len).astype(dt)
     attn = _pin(jnp.transpose(attn[:, 0], (1, 2, 0)).reshape(-1, B))  # [H*E, B]
     x = x + lp["o"].astype(dt) @ attn
-    h = _rms_norm_axis(x, lp["mlp_norm"], eps, 0)
+    h = rms_norm(x, lp["mlp_norm"], eps, 0)
     if is_moe:
       out, _ = moe_mlp(h.T[:, None, :], dparams["moe"][mi], cfg)
       out = out[:, 0].T
@@ -587,7 +583,7 @@ def decode_step(dparams: Params, cfg: ModelConfig, tokens: jax.Array,
       out = mp["down"].astype(dt) @ (jax.nn.silu(gate_up[:F]) * gate_up[F:])
       di += 1
     x = x + out
-  x = _rms_norm_axis(x, dparams["final_norm"], eps, 0)
+  x = rms_norm(x, dparams["final_norm"], eps, 0)
   logits = _pin(jnp.einsum("vd,db->vb", dparams["head"].astype(dt), x,
                            preferred_element_type=jnp.float32))
   return logits.T, {"k": ck_all, "v": cv_all}

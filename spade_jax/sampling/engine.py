@@ -62,6 +62,12 @@ from spade_jax.sampling.rules import SamplingConfig, draw, is_stop
 
 # Logical axes of the stacked key / value caches; per-layer buffers drop "layers".
 CACHE_AXES = {"k": KEY_CACHE_AXES, "v": VALUE_CACHE_AXES}
+# Slots from which "auto" picks the feature-major decode step on CPU. Its
+# steps are faster at every batch (`experiments/benchmarks/decode_layout.py`),
+# but every engine first makes the weight copy, which one-row `generate` calls
+# do not win back (sampler benchmark, tiny, 1 x 128 tokens, two runs: 669 tok/s
+# batch-major, 453 feature-major, when the copy took ~30 ms; ~9 ms now).
+FEATURE_MAJOR_MIN_SLOTS = 2
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -241,9 +247,10 @@ class Engine:
     chunk: decode steps per host round trip when stop strings are set.
     detokenize: ids -> text, needed for stop strings.
     layer_cache: "per_layer" (one KV buffer per layer, layers unrolled: no
-      layer slice is copied per step, fastest on CPU), "stacked" (one
-      [L, B, K, S, E] buffer, layers scanned when `cfg.scan_layers`: compile
-      time independent of depth) or "auto" (per_layer on CPU, else stacked).
+      layer slice is copied per step, fastest on CPU), "stacked" (one key and
+      one value buffer with a leading layer axis, layers scanned when
+      `cfg.scan_layers`: compile time independent of depth) or "auto"
+      (per_layer on CPU, else stacked).
     prefill_chunk: longest piece (a power of two) one extend program takes;
       longer chunks are appended in pieces, each attending only over the cache
       so far. Default 128 on CPU, 1024 elsewhere.
@@ -326,8 +333,8 @@ class Engine:
       # No inference mesh given: gather onto one device (device to device).
       params = jax.device_put(params, jax.devices()[0])
     self.params = params
-    # The decode copy is a new buffer per leaf it transposes (norms and the
-    # embedding are shared); the old copy is freed with the old parameters.
+    # The decode copy holds new per-layer buffers (the embedding and head are
+    # shared); the old copy is freed with the old parameters.
     self.decode_params = decode_params(params, self.cfg) if self.feature_major else params
 
   # -- bookkeeping ----------------------------------------------------------------
@@ -499,12 +506,6 @@ def _stop_string_cut(prev: list[int], new: list[int], stops: tuple[str, ...],
 
 
 _PROGRAMS: set[tuple] = set()
-# Slots from which "auto" picks the feature-major decode step on CPU. Its
-# steps are faster at every batch (`experiments/benchmarks/decode_layout.py`),
-# but making the weight copy adds ~20-40 ms to each engine's start for the tiny
-# model, which one-row `generate` calls do not win back (sampler benchmark,
-# tiny, 1 x 128 tokens, two runs: 669 tok/s batch-major, 453 feature-major).
-FEATURE_MAJOR_MIN_SLOTS = 2
 
 
 @functools.lru_cache(maxsize=None)

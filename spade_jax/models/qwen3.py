@@ -509,8 +509,8 @@ def decode_params(params: Params, cfg: ModelConfig) -> Params:
 
 @functools.partial(jax.jit, static_argnums=(3,))
 def _decode_layer_weights(lay, mlp, moe, cfg: ModelConfig):
-  """The per-layer part of `decode_params`, as one program (eagerly, its
-  slices and transposes cost ~30 ms for a 4-layer model, on every engine)."""
+  """The per-layer part of `decode_params`, as one program (eagerly, each
+  slice and transpose is its own dispatch, on every engine start)."""
   D = cfg.d_model
   norms = ("attn_norm", "q_norm", "k_norm", "mlp_norm")
   # [D, N, E] -> [N * E, D] for q, k and v, stacked; [H, E, D] -> [D, H * E].

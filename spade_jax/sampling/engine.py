@@ -66,7 +66,8 @@ CACHE_AXES = {"k": KEY_CACHE_AXES, "v": VALUE_CACHE_AXES}
 # steps are faster at every batch (`experiments/benchmarks/decode_layout.py`),
 # but every engine first makes the weight copy, which one-row `generate` calls
 # do not win back (sampler benchmark, tiny, 1 x 128 tokens, two runs: 669 tok/s
-# batch-major, 453 feature-major, when the copy took ~30 ms; ~9 ms now).
+# batch-major, 453 feature-major, when the copy was made with eager ops;
+# `decode_layout.py` prints each layout's engine start).
 FEATURE_MAJOR_MIN_SLOTS = 2
 
 

@@ -31,3 +31,17 @@ def test_decode_layout_benchmark_runs_and_layouts_agree():
                        cwd=root, env=env, check=True, capture_output=True, text=True,
                        timeout=600).stdout
   assert "tiny  batch   4:" in out and "same tokens True" in out
+
+
+@pytest.mark.slow
+def test_prefill_attention_benchmark_runs_and_formulations_agree():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.prefill_attention",
+                        "--models=tiny", "--batch=2", "--chunk=16", "--spans=32",
+                        "--repeats=2"],
+                       cwd=root, env=env, check=True, capture_output=True, text=True,
+                       timeout=600).stdout
+  line = next(l for l in out.splitlines() if l.startswith("tiny  batch 2 chunk 16 span    32"))
+  assert float(line.split("max logit diff")[1]) < 1e-4

@@ -157,19 +157,28 @@ def _attention(q, k, v, mask, cfg: ModelConfig):
   """q: [B, T, H, E]; k: [B, K, E, S]; v: [B, K, S, E]; mask: [B, T, S] bool
   -> [B, T, H, E].
 
-  Keys and values are head-major (the KV cache layout), so the contractions
-  batch over (B, K) without moving the keys/values.
+  Keys and values are head-major (the KV cache layout), so both products are
+  plain batched matmuls over (B, K): [T*G, E] x [E, S] for the scores and
+  [T*G, S] x [S, E] for the output, with the scores' length axis minor for
+  the softmax. Only the (small) queries and outputs are transposed; written
+  as one einsum, XLA:CPU computed the scores as [S, T*G] and transposed the
+  whole score tensor twice (1.2x slower at 8 x 128 queries over 512 keys).
   """
   B, T, H, E = q.shape
-  K = k.shape[1]
-  q = (q * jnp.asarray(1.0 / math.sqrt(E), q.dtype)).reshape(B, T, K, H // K, E)
+  K, S = k.shape[1], k.shape[3]
+  G = H // K
+  q = (q * jnp.asarray(1.0 / math.sqrt(E), q.dtype)).reshape(B, T, K, G, E)
+  q = jnp.transpose(q, (0, 2, 1, 3, 4)).reshape(B, K, T * G, E)
   if q.dtype != jnp.float32 and jax.default_backend() == "cpu":
     # XLA:CPU has no bf16 x bf16 -> f32 product against length-last keys.
     q, k = q.astype(jnp.float32), k.astype(jnp.float32)
-  scores = jnp.einsum("btkge,bkes->bkgts", q, k, preferred_element_type=jnp.float32)
-  scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  out = jnp.einsum("bkgts,bkse->btkge", probs, v)
+  dims = (((3,), (2,)), ((0, 1), (0, 1)))  # contract E / S, batch over (B, K)
+  scores = jax.lax.dot_general(q, k, dims, preferred_element_type=jnp.float32)
+  scores = scores.reshape(B, K, T, G, S)
+  scores = jnp.where(mask[:, None, :, None, :], scores, _MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, T * G, S)
+  out = jax.lax.dot_general(probs, v, dims)  # [B, K, T*G, E]
+  out = jnp.transpose(out.reshape(B, K, T, G, E), (0, 2, 1, 3, 4))
   return out.reshape(B, T, H, E)
 
 

@@ -1,0 +1,113 @@
+r"""One prefill chunk with the model's attention vs a one-einsum formulation.
+
+  python -m experiments.benchmarks.prefill_attention [--models=tiny,50m] \
+      [--batch=8] [--chunk=128] [--spans=128,256,512] [--repeats=15]
+
+`qwen3._attention` (used by prefill/extend and training) writes both products
+as batched matmuls over (batch, kv head) with the scores' length axis minor.
+The reference here writes each product as one einsum over the same
+head-major keys ("btkge,bkes->bkgts", "bkgts,bkse->btkge"), which XLA:CPU
+computes as [S, T*G] scores and transposes twice.
+
+For each model size and span (cache entries one chunk attends over, the
+chunk being its last `--chunk` of them) the script compiles
+`engine.extend_step` once per formulation on the same random weights and
+cache, checks that both give the same logits, then times `--repeats` paired
+calls in alternating order in one process (this machine's drift cancels in
+the paired difference) and prints medians and the median paired change.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+
+from absl import app, flags
+
+_MODELS = flags.DEFINE_list("models", ["tiny", "50m"], "Model sizes: tiny, 50m.")
+_BATCH = flags.DEFINE_integer("batch", 8, "Rows in the chunk.")
+_CHUNK = flags.DEFINE_integer("chunk", 128, "Tokens per row in the chunk.")
+_SPANS = flags.DEFINE_list("spans", ["128", "256", "512"], "Cache entries attended.")
+_REPEATS = flags.DEFINE_integer("repeats", 15, "Timed pairs per configuration.")
+
+SIZES = {
+    "tiny": dict(vocab_size=512, d_model=256, num_layers=4, num_heads=8, num_kv_heads=4,
+                 head_dim=32, mlp_dim=768),
+    "50m": dict(vocab_size=32768, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4,
+                head_dim=64, mlp_dim=1536),
+}
+
+
+def einsum_attention(q, k, v, mask, cfg):
+  """Reference: q [B, T, H, E], k [B, K, E, S], v [B, K, S, E] as two einsums."""
+  del cfg
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import qwen3  # pylint: disable=g-import-not-at-top
+  B, T, H, E = q.shape
+  K = k.shape[1]
+  q = (q * (1.0 / math.sqrt(E))).reshape(B, T, K, H // K, E)
+  scores = jnp.einsum("btkge,bkes->bkgts", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask[:, None, None, :, :], scores, qwen3._MASK_VALUE)  # pylint: disable=protected-access
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  return jnp.einsum("bkgts,bkse->btkge", probs, v).reshape(B, T, H, E)
+
+
+def main(argv):
+  del argv
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import ModelConfig, init_params, qwen3  # pylint: disable=g-import-not-at-top
+  from spade_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
+  from spade_jax.sampling import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  jax.config.update("jax_platforms", "cpu")
+  B, C = _BATCH.value, _CHUNK.value
+  ours = qwen3._attention  # pylint: disable=protected-access
+  for size in _MODELS.value:
+    if size not in SIZES:
+      raise app.UsageError(f"--models: unknown size {size!r}; expected one of {sorted(SIZES)}.")
+    cfg = ModelConfig(**SIZES[size], tie_embeddings=False, scan_layers=False)
+    params = init_params(jax.random.key(0), cfg)
+    rule = SamplingConfig(temperature=0.0, eos_id=-1, pad_id=cfg.vocab_size - 1)
+    for span in (int(s) for s in _SPANS.value):
+      if span < C:
+        raise app.UsageError(f"--spans: {span} is shorter than --chunk={C}.")
+      eng = engine_lib.Engine(cfg, params, slots=B, max_len=span, rule=rule,
+                              cache_dtype="float32")
+      ptr = span - C
+      if ptr:
+        eng.extend({b: list(range(1, ptr + 1)) for b in range(B)},
+                   {b: jax.random.key(b) for b in range(B)})
+      state = eng.state
+      rng = np.random.default_rng(span)
+      tokens = rng.integers(1, cfg.vocab_size - 1, (B, C)).astype(np.int32)
+      tv, reset = np.ones((B, C), bool), np.zeros(B, bool)
+      keys = jax.random.split(jax.random.key(1), B)
+      fns = {}
+      try:
+        for name, impl in (("einsum", einsum_attention), ("batched", ours)):
+          qwen3._attention = impl  # pylint: disable=protected-access
+          # A new jit per formulation: each traces with the attention set here.
+          fns[name] = jax.jit(lambda p, s: engine_lib.extend_step(
+              p, s, np.int32(ptr), tokens, tv, reset, keys, cfg=cfg, span=span).logits)
+          jax.block_until_ready(fns[name](eng.params, state))
+      finally:
+        qwen3._attention = ours  # pylint: disable=protected-access
+      diff = float(np.abs(np.asarray(fns["einsum"](eng.params, state))
+                          - np.asarray(fns["batched"](eng.params, state))).max())
+      times = {name: [] for name in fns}
+      for r in range(_REPEATS.value):
+        for name in (("einsum", "batched") if r % 2 == 0 else ("batched", "einsum")):
+          t0 = time.perf_counter()
+          jax.block_until_ready(fns[name](eng.params, state))
+          times[name].append((time.perf_counter() - t0) * 1e3)
+      paired = statistics.median(b - e for b, e in zip(times["batched"], times["einsum"]))
+      old, new = statistics.median(times["einsum"]), statistics.median(times["batched"])
+      print(f"{size:5s} batch {B} chunk {C} span {span:5d}: einsum {old:8.1f} ms  "
+            f"batched {new:8.1f} ms  paired change {paired:+7.1f} ms "
+            f"({paired / old * 100:+.0f}%)  max logit diff {diff:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -150,8 +150,10 @@ def test_byte_vocab_and_chat_round_trip():
     chat.message("robot", "x")
 
 
-@pytest.mark.parametrize("S,live", [(64, 1), (64, 37), (192, 130), (512, 512)])
-def test_blocked_decode_attention_equals_full_softmax(S, live):
+@pytest.mark.parametrize("S,live,whole_max", [
+    (64, 1, 1024), (64, 37, 1024), (192, 130, 1024), (768, 700, 1024),  # read whole
+    (512, 512, 256), (768, 300, 256), (2048, 1500, 1024)])  # block loop
+def test_blocked_decode_attention_equals_full_softmax(S, live, whole_max, monkeypatch):
   from spade_jax.models import qwen3  # pylint: disable=g-import-not-at-top
   cfg = ModelConfig(num_heads=4, num_kv_heads=2, head_dim=16)
   B = 3
@@ -162,6 +164,7 @@ def test_blocked_decode_attention_equals_full_softmax(S, live):
   # Holes inside the live prefix (released / padding entries); nothing at or after `live`.
   mask = (jax.random.uniform(ks[3], (B, 1, S)) < 0.8) & (jnp.arange(S) < live)
   mask = mask.at[:, :, 0].set(True)
+  monkeypatch.setattr(qwen3, "CPU_DECODE_WHOLE_MAX", whole_max)
   want = qwen3._attention(q, k, v, mask, cfg)
   got = jax.jit(qwen3._decode_attention)(q, k, v, mask, jnp.int32(live))
   np.testing.assert_allclose(got, want, atol=2e-5)

@@ -45,3 +45,16 @@ def test_prefill_attention_benchmark_runs_and_formulations_agree():
                        timeout=600).stdout
   line = next(l for l in out.splitlines() if l.startswith("tiny  batch 2 chunk 16 span    32"))
   assert float(line.split("max logit diff")[1]) < 1e-4
+
+
+@pytest.mark.slow
+def test_decode_attention_benchmark_runs_and_variants_agree():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
+  out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.decode_attention",
+                        "--models=tiny", "--configs=2x200x100", "--repeats=1"],
+                       cwd=root, env=env, check=True, capture_output=True, text=True,
+                       timeout=600).stdout
+  assert "tiny  batch   2 prompt  200 new  100 cache   512:" in out
+  assert "same tokens True" in out

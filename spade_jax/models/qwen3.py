@@ -198,9 +198,22 @@ def _live_block(S: int, most: int = DECODE_BLOCK) -> int:
   return b
 
 
-# On CPU, caches up to this many entries are read whole by a decode step
-# (no block loop); see `_decode_attention`.
+# On CPU, caches of up to this many entries whose keys and values take at most
+# CPU_DECODE_WHOLE_BYTES per layer are read whole by a decode step (no block
+# loop); see `_decode_attention`.
 CPU_DECODE_WHOLE_MAX = 1024
+CPU_DECODE_WHOLE_BYTES = 4 << 20
+
+
+def _decode_scores(q, k):
+  """q [B, K, G, E] x keys [B, K, E, S] -> scores [B, K, G, S] (float32).
+
+  On CPU a sum of E broadcast products (one loop fusion, vectorised along S);
+  elsewhere a dot.
+  """
+  if jax.default_backend() != "cpu":
+    return jnp.einsum("bkge,bkes->bkgs", q, k)
+  return sum(q[:, :, :, e, None] * k[:, :, None, e, :] for e in range(q.shape[-1]))
 
 
 def _decode_attention(q, k, v, mask, live_len):
@@ -209,14 +222,17 @@ def _decode_attention(q, k, v, mask, live_len):
   q: [B, 1, H, E]; k: [B, K, E, S]; v: [B, K, S, E]; mask: [B, 1, S];
   live_len: scalar, no entry at or after it is visible in any row.
 
-  A cache of one block (S <= DECODE_BLOCK; on CPU S <= CPU_DECODE_WHOLE_MAX)
+  A cache of one block (S <= DECODE_BLOCK; on CPU also up to
+  CPU_DECODE_WHOLE_MAX entries and CPU_DECODE_WHOLE_BYTES of keys and values)
   is read whole, without a loop: the loop's block copies cost more than the
-  entries past the live prefix (tiny model, batch 8, 768 entries, 512-640
-  live: 5.9 -> 5.1 ms per step; with 64-576 live the loop is 0.3 ms ahead).
-  On CPU its scores are a sum of E broadcast products, one loop fusion
-  vectorised along the length axis, rather than a dot: XLA:CPU runs the dot
-  as B*K [G, E] x [E, S] products with G = H/K rows, 1.1x-1.2x slower per
-  step (tiny batch 8, 50M batch 32). Longer caches are walked by a
+  entries past the live prefix while the layer's cache is small (tiny model,
+  batch 8, 768 entries = 1.5 MiB, 512-640 live: 7.1 -> 5.9 ms per step),
+  but not for large ones (50M, batch 8, 768 entries = 12 MiB: the loop is
+  5-6 ms per step ahead).
+  On CPU its scores are a sum of E broadcast products (`_decode_scores`), one
+  loop fusion vectorised along the length axis, rather than a dot: XLA:CPU
+  runs the dot as B*K [G, E] x [E, S] products with G = H/K rows, 0.5-4 ms
+  per step slower on the tiny and 50M models (`decode_attention` benchmark). Longer caches are walked by a
   `fori_loop` with a dynamic trip count over blocks, with an online softmax,
   so a step costs what the live prefix costs, with no recompiles as it
   grows. There the probs @ V product is a fused multiply-reduce: as a dot on
@@ -225,15 +241,13 @@ def _decode_attention(q, k, v, mask, live_len):
   B, _, H, E = q.shape
   K, S = k.shape[1], k.shape[3]
   G = H // K
-  cpu = jax.default_backend() == "cpu"
-  blk = S if cpu and S <= CPU_DECODE_WHOLE_MAX else _live_block(S)
+  nbytes = k.size * k.dtype.itemsize + v.size * v.dtype.itemsize
+  whole = (jax.default_backend() == "cpu" and S <= CPU_DECODE_WHOLE_MAX
+           and nbytes <= CPU_DECODE_WHOLE_BYTES)
+  blk = S if whole else _live_block(S)
   q = (q[:, 0].astype(jnp.float32) / math.sqrt(E)).reshape(B, K, G, E)
   if blk == S:
-    if cpu:
-      kf = k.astype(jnp.float32)
-      s = sum(q[:, :, :, e, None] * kf[:, :, None, e, :] for e in range(E))
-    else:
-      s = jnp.einsum("bkge,bkes->bkgs", q, k.astype(jnp.float32))
+    s = _decode_scores(q, k.astype(jnp.float32))
     s = jnp.where(mask[:, :, None, :], s, _MASK_VALUE)
     p = jax.nn.softmax(s, axis=-1)
     out = jnp.einsum("bkgs,bkse->bkge", p, v.astype(jnp.float32))

@@ -8,14 +8,19 @@ import sys
 import pytest
 
 
+def _run(module: str, *args: str, **env: str) -> str:
+  """Runs `python -m experiments.benchmarks.<module> args` on one CPU device; its stdout."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = {**os.environ, "JAX_PLATFORMS": "cpu",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=1", **env}
+  return subprocess.run([sys.executable, "-m", f"experiments.benchmarks.{module}", *args],
+                        cwd=root, env=env, check=True, capture_output=True, text=True,
+                        timeout=600).stdout
+
+
 @pytest.mark.slow
 def test_gpu_decode_smoke_writes_json(tmp_path):
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = {**os.environ, "OUT": str(tmp_path), "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-  subprocess.run([sys.executable, "-m", "experiments.benchmarks.gpu_decode", "--smoke",
-                  "--repeats=1"], cwd=root, env=env, check=True, capture_output=True,
-                 timeout=600)
+  _run("gpu_decode", "--smoke", "--repeats=1", OUT=str(tmp_path))
   result = json.loads((tmp_path / "gpu_decode.json").read_text())
   assert result["smoke"] and result["decode_tokens_per_s"] > 0
   assert result["achieved_bandwidth_gb_s"] > 0 and result["cache_len"] >= 32
@@ -23,38 +28,20 @@ def test_gpu_decode_smoke_writes_json(tmp_path):
 
 @pytest.mark.slow
 def test_decode_layout_benchmark_runs_and_layouts_agree():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-  out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.decode_layout",
-                        "--models=tiny", "--batches=4", "--new=8", "--repeats=1"],
-                       cwd=root, env=env, check=True, capture_output=True, text=True,
-                       timeout=600).stdout
+  out = _run("decode_layout", "--models=tiny", "--batches=4", "--new=8", "--repeats=1")
   assert "tiny  batch   4:" in out and "same tokens True" in out
 
 
 @pytest.mark.slow
 def test_prefill_attention_benchmark_runs_and_formulations_agree():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-  out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.prefill_attention",
-                        "--models=tiny", "--batch=2", "--chunk=16", "--spans=32",
-                        "--repeats=2"],
-                       cwd=root, env=env, check=True, capture_output=True, text=True,
-                       timeout=600).stdout
+  out = _run("prefill_attention", "--models=tiny", "--batch=2", "--chunk=16", "--spans=32",
+             "--repeats=2")
   line = next(l for l in out.splitlines() if l.startswith("tiny  batch 2 chunk 16 span    32"))
   assert float(line.split("max logit diff")[1]) < 1e-4
 
 
 @pytest.mark.slow
 def test_decode_attention_benchmark_runs_and_variants_agree():
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = {**os.environ, "JAX_PLATFORMS": "cpu",
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-  out = subprocess.run([sys.executable, "-m", "experiments.benchmarks.decode_attention",
-                        "--models=tiny", "--configs=2x200x100", "--repeats=1"],
-                       cwd=root, env=env, check=True, capture_output=True, text=True,
-                       timeout=600).stdout
+  out = _run("decode_attention", "--models=tiny", "--configs=2x200x100", "--repeats=1")
   assert "tiny  batch   2 prompt  200 new  100 cache   512:" in out
   assert "same tokens True" in out

@@ -22,6 +22,8 @@ paired difference) and prints ms per step and the median paired change of
 `ours` against each of the others.
 """
 
+# pylint: disable=protected-access  (swaps the model's private attention pieces)
+
 from __future__ import annotations
 
 import statistics
@@ -29,17 +31,12 @@ import time
 
 from absl import app, flags
 
+from experiments.benchmarks.common import model_config, uneven_prompts
+
 _MODELS = flags.DEFINE_list("models", ["tiny", "50m"], "Model sizes: tiny, 50m.")
 _CONFIGS = flags.DEFINE_list("configs", ["8x64x128", "8x512x128", "8x64x512", "32x64x128"],
                              "batch x prompt x new tokens.")
 _REPEATS = flags.DEFINE_integer("repeats", 4, "Timed rounds.")
-
-SIZES = {
-    "tiny": dict(vocab_size=512, d_model=256, num_layers=4, num_heads=8, num_kv_heads=4,
-                 head_dim=32, mlp_dim=768),
-    "50m": dict(vocab_size=32768, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4,
-                head_dim=64, mlp_dim=1536),
-}
 VARIANTS = ("ours", "dot", "loop")
 
 
@@ -60,23 +57,18 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from spade_jax.models import ModelConfig, init_params, qwen3  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import init_params, qwen3  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import engine as engine_lib  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_platforms", "cpu")
   configs = [_parse(c) for c in _CONFIGS.value]
-  scores, whole_max = qwen3._decode_scores, qwen3.CPU_DECODE_WHOLE_MAX  # pylint: disable=protected-access
+  scores, whole_max = qwen3._decode_scores, qwen3.CPU_DECODE_WHOLE_MAX
   for size in _MODELS.value:
-    if size not in SIZES:
-      raise app.UsageError(f"--models: unknown size {size!r}; expected one of {sorted(SIZES)}.")
-    cfg = ModelConfig(**SIZES[size], tie_embeddings=False, scan_layers=False)
+    cfg = model_config(size)
     params = init_params(jax.random.key(0), cfg)
     rule = SamplingConfig(temperature=0.0, eos_id=-1, pad_id=cfg.vocab_size - 1)
     for B, P, N in configs:
-      rng = np.random.default_rng(B * P + N)
-      prompts = [rng.integers(1, cfg.vocab_size - 1,
-                              P if i == 0 else int(rng.integers(P // 2, P + 1))).tolist()
-                 for i in range(B)]
+      prompts = uneven_prompts(B, P, cfg.vocab_size, seed=B * P + N)
       eng = engine_lib.Engine(cfg, params, slots=B,
                               max_len=engine_lib.bucket(P) + engine_lib.bucket(N), rule=rule,
                               cache_dtype="float32")
@@ -86,15 +78,15 @@ def main(argv):
       fns = {}
       try:
         for name in VARIANTS:
-          qwen3._decode_scores = _einsum_scores if name == "dot" else scores  # pylint: disable=protected-access
+          qwen3._decode_scores = _einsum_scores if name == "dot" else scores
           qwen3.CPU_DECODE_WHOLE_MAX = qwen3.DECODE_BLOCK if name == "loop" else whole_max
           # A new jit per variant: each traces with the choices set here.
           fns[name] = jax.jit(lambda dp, st: engine_lib.decode_loop(
-              dp, st, ptr, active, budget, np.bool_(False), cfg=cfg, rule=eng._device_rule,  # pylint: disable=protected-access
+              dp, st, ptr, active, budget, np.bool_(False), cfg=cfg, rule=eng._device_rule,
               steps=N, feature_major=eng.feature_major)[1])
           jax.block_until_ready(fns[name](eng.decode_params, state))
       finally:
-        qwen3._decode_scores, qwen3.CPU_DECODE_WHOLE_MAX = scores, whole_max  # pylint: disable=protected-access
+        qwen3._decode_scores, qwen3.CPU_DECODE_WHOLE_MAX = scores, whole_max
       tokens = {name: np.asarray(f(eng.decode_params, state)) for name, f in fns.items()}
       same = all((t == tokens["ours"]).all() for t in tokens.values())
       times = {name: [] for name in VARIANTS}

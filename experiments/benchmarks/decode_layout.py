@@ -23,41 +23,30 @@ import time
 
 from absl import app, flags
 
+from experiments.benchmarks.common import model_config, uneven_prompts
+
 _MODELS = flags.DEFINE_list("models", ["tiny", "50m"], "Model sizes: tiny, 50m.")
 _BATCHES = flags.DEFINE_list("batches", ["1", "2", "4", "8", "32"], "Batch sizes.")
 _PROMPT = flags.DEFINE_integer("prompt", 64, "Longest prompt (others half to full length).")
 _NEW = flags.DEFINE_integer("new", 128, "New tokens per row.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds per layout.")
 
-# The sampler benchmark's sizes (HF field names there; ModelConfig names here).
-SIZES = {
-    "tiny": dict(vocab_size=512, d_model=256, num_layers=4, num_heads=8, num_kv_heads=4,
-                 head_dim=32, mlp_dim=768),
-    "50m": dict(vocab_size=32768, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4,
-                head_dim=64, mlp_dim=1536),
-}
 LAYOUTS = ("batch_major", "feature_major")
 
 
 def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  from spade_jax.models import ModelConfig, init_params  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import init_params  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import Engine, SamplingConfig  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_platforms", "cpu")
   P, N = _PROMPT.value, _NEW.value
   for size in _MODELS.value:
-    if size not in SIZES:
-      raise app.UsageError(f"--models: unknown size {size!r}; expected one of {sorted(SIZES)}.")
-    cfg = ModelConfig(**SIZES[size], tie_embeddings=False, scan_layers=False)
+    cfg = model_config(size)
     params = init_params(jax.random.key(0), cfg)
     rule = SamplingConfig(temperature=0.0, eos_id=-1, pad_id=cfg.vocab_size - 1)
     for B in (int(b) for b in _BATCHES.value):
-      rng = np.random.default_rng(B)
-      prompts = [rng.integers(1, cfg.vocab_size - 1,
-                              P if i == 0 else int(rng.integers(P // 2, P + 1))).tolist()
-                 for i in range(B)]
+      prompts = uneven_prompts(B, P, cfg.vocab_size, seed=B)
       def run(layout):
         # A fresh engine per round (compiled programs are shared), so every
         # round decodes from the same cache state.

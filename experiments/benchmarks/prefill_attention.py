@@ -17,6 +17,8 @@ calls in alternating order in one process (this machine's drift cancels in
 the paired difference) and prints medians and the median paired change.
 """
 
+# pylint: disable=protected-access  (swaps the model's private attention pieces)
+
 from __future__ import annotations
 
 import math
@@ -25,18 +27,13 @@ import time
 
 from absl import app, flags
 
+from experiments.benchmarks.common import model_config
+
 _MODELS = flags.DEFINE_list("models", ["tiny", "50m"], "Model sizes: tiny, 50m.")
 _BATCH = flags.DEFINE_integer("batch", 8, "Rows in the chunk.")
 _CHUNK = flags.DEFINE_integer("chunk", 128, "Tokens per row in the chunk.")
 _SPANS = flags.DEFINE_list("spans", ["128", "256", "512"], "Cache entries attended.")
 _REPEATS = flags.DEFINE_integer("repeats", 15, "Timed pairs per configuration.")
-
-SIZES = {
-    "tiny": dict(vocab_size=512, d_model=256, num_layers=4, num_heads=8, num_kv_heads=4,
-                 head_dim=32, mlp_dim=768),
-    "50m": dict(vocab_size=32768, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4,
-                head_dim=64, mlp_dim=1536),
-}
 
 
 def einsum_attention(q, k, v, mask, cfg):
@@ -49,7 +46,7 @@ def einsum_attention(q, k, v, mask, cfg):
   K = k.shape[1]
   q = (q * (1.0 / math.sqrt(E))).reshape(B, T, K, H // K, E)
   scores = jnp.einsum("btkge,bkes->bkgts", q, k, preferred_element_type=jnp.float32)
-  scores = jnp.where(mask[:, None, None, :, :], scores, qwen3._MASK_VALUE)  # pylint: disable=protected-access
+  scores = jnp.where(mask[:, None, None, :, :], scores, qwen3._MASK_VALUE)
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   return jnp.einsum("bkgts,bkse->btkge", probs, v).reshape(B, T, H, E)
 
@@ -58,16 +55,14 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from spade_jax.models import ModelConfig, init_params, qwen3  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import init_params, qwen3  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import engine as engine_lib  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_platforms", "cpu")
   B, C = _BATCH.value, _CHUNK.value
-  ours = qwen3._attention  # pylint: disable=protected-access
+  ours = qwen3._attention
   for size in _MODELS.value:
-    if size not in SIZES:
-      raise app.UsageError(f"--models: unknown size {size!r}; expected one of {sorted(SIZES)}.")
-    cfg = ModelConfig(**SIZES[size], tie_embeddings=False, scan_layers=False)
+    cfg = model_config(size)
     params = init_params(jax.random.key(0), cfg)
     rule = SamplingConfig(temperature=0.0, eos_id=-1, pad_id=cfg.vocab_size - 1)
     for span in (int(s) for s in _SPANS.value):
@@ -87,13 +82,13 @@ def main(argv):
       fns = {}
       try:
         for name, impl in (("einsum", einsum_attention), ("batched", ours)):
-          qwen3._attention = impl  # pylint: disable=protected-access
+          qwen3._attention = impl
           # A new jit per formulation: each traces with the attention set here.
           fns[name] = jax.jit(lambda p, s: engine_lib.extend_step(
               p, s, np.int32(ptr), tokens, tv, reset, keys, cfg=cfg, span=span).logits)
           jax.block_until_ready(fns[name](eng.params, state))
       finally:
-        qwen3._attention = ours  # pylint: disable=protected-access
+        qwen3._attention = ours
       diff = float(np.abs(np.asarray(fns["einsum"](eng.params, state))
                           - np.asarray(fns["batched"](eng.params, state))).max())
       times = {name: [] for name in fns}

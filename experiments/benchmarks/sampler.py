@@ -34,6 +34,8 @@ import time
 
 from absl import app, flags
 
+from experiments.benchmarks.common import hf_fields, uneven_prompts
+
 _MODELS = flags.DEFINE_list("models", ["tiny", "50m"], "Model sizes: tiny, 50m.")
 _BATCHES = flags.DEFINE_list("batches", ["1", "8", "32"], "Batch sizes.")
 _PROMPTS = flags.DEFINE_list("prompts", ["64"], "Prompt lengths.")
@@ -44,14 +46,6 @@ _FULL = flags.DEFINE_bool("full", False, "Full grid: batch 1/8/32, prompt 64/512
                           "128/512, both sizes (slow on CPU).")
 _JSON = flags.DEFINE_string("json", "", "Optional path for the results as JSON.")
 
-# Model sizes (HF Qwen3Config fields). "50m": ~50M parameters with a 32k vocabulary.
-SIZES = {
-    "tiny": dict(vocab_size=512, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
-                 num_key_value_heads=4, head_dim=32, intermediate_size=768),
-    "50m": dict(vocab_size=32768, hidden_size=512, num_hidden_layers=8,
-                num_attention_heads=8, num_key_value_heads=4, head_dim=64,
-                intermediate_size=1536),
-}
 # Representative subset run by default: (model, batch, prompt, new).
 DEFAULT = [("tiny", 1, 64, 128), ("tiny", 8, 64, 128), ("tiny", 32, 64, 128),
            ("tiny", 8, 512, 128), ("tiny", 8, 64, 512), ("50m", 8, 64, 128),
@@ -63,7 +57,7 @@ def write_checkpoint(size: str, directory: str) -> None:
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   torch.manual_seed(0)
-  cfg = transformers.Qwen3Config(**SIZES[size], rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+  cfg = transformers.Qwen3Config(**hf_fields(size), rope_theta=1_000_000.0, rms_norm_eps=1e-6,
                                  tie_word_embeddings=False, initializer_range=0.02,
                                  max_position_embeddings=2048)
   model = transformers.Qwen3ForCausalLM(cfg).to(torch.float32)
@@ -146,7 +140,7 @@ class Tunix:
     from tunix.generate import sampler as tsampler  # pylint: disable=g-import-not-at-top
     from tunix.models.qwen3 import model as tmodel  # pylint: disable=g-import-not-at-top
     from tunix.models.qwen3 import params as tparams  # pylint: disable=g-import-not-at-top
-    s = SIZES[size]
+    s = hf_fields(size)
     cfg = tmodel.ModelConfig(
         num_layers=s["num_hidden_layers"], vocab_size=s["vocab_size"],
         embed_dim=s["hidden_size"], hidden_dim=s["intermediate_size"],
@@ -187,14 +181,6 @@ def _configs():
                                 [int(p) for p in _PROMPTS.value], [int(n) for n in _NEW.value]))
 
 
-def _prompts(batch: int, length: int, vocab: int, seed: int):
-  import numpy as np  # pylint: disable=g-import-not-at-top
-  rng = np.random.default_rng(seed)
-  # Uneven prompts: lengths from half to the full length.
-  lens = [length] + [int(rng.integers(length // 2, length + 1)) for _ in range(batch - 1)]
-  return [rng.integers(1, vocab - 1, n).tolist() for n in lens]
-
-
 def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
@@ -212,7 +198,8 @@ def main(argv):
       if "tunix" in _PEERS.value:
         engines.append(Tunix(d, size))
       for batch, plen, new in runs:
-        prompts = _prompts(batch, plen, SIZES[size]["vocab_size"], seed=batch * 7919 + plen)
+        prompts = uneven_prompts(batch, plen, hf_fields(size)["vocab_size"],
+                                 seed=batch * 7919 + plen)
         for e in engines:  # warm-up: compile
           e.run(prompts, new)
         rates = {e.name: [] for e in engines}

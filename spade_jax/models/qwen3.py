@@ -228,15 +228,17 @@ def _decode_attention(q, k, v, mask, live_len):
   entries past the live prefix while the layer's cache is small (tiny model,
   batch 8, 768 entries = 1.5 MiB, 512-640 live: 7.1 -> 5.9 ms per step),
   but not for large ones (50M, batch 8, 768 entries = 12 MiB: the loop is
-  5-6 ms per step ahead).
-  On CPU its scores are a sum of E broadcast products (`_decode_scores`), one
-  loop fusion vectorised along the length axis, rather than a dot: XLA:CPU
-  runs the dot as B*K [G, E] x [E, S] products with G = H/K rows, 0.5-4 ms
-  per step slower on the tiny and 50M models (`decode_attention` benchmark). Longer caches are walked by a
-  `fori_loop` with a dynamic trip count over blocks, with an online softmax,
-  so a step costs what the live prefix costs, with no recompiles as it
-  grows. There the probs @ V product is a fused multiply-reduce: as a dot on
-  a block slice, XLA:CPU runs it as B*K tiny transposed matmuls (~2x slower).
+  5-6 ms per step ahead). On CPU its scores are a sum of E broadcast products
+  (`_decode_scores`), one loop fusion vectorised along the length axis,
+  rather than a dot: XLA:CPU runs the dot as B*K [G, E] x [E, S] products
+  with G = H/K rows, 0.5-4 ms per step slower on the tiny and 50M models
+  (`decode_attention` benchmark).
+
+  Longer caches are walked by a `fori_loop` with a dynamic trip count over
+  blocks, with an online softmax, so a step costs what the live prefix
+  costs, with no recompiles as it grows. There the probs @ V product is a
+  fused multiply-reduce: as a dot on a block slice, XLA:CPU runs it as B*K
+  tiny transposed matmuls (~2x slower).
   """
   B, _, H, E = q.shape
   K, S = k.shape[1], k.shape[3]

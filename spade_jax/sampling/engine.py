@@ -29,7 +29,8 @@ parameter tree and reshards it device to device onto the engine's layout.
 An extend attends only over the cache prefix that can hold live entries (the
 write pointer rounded up to a power of two); a decode step walks the cache in
 blocks up to the write pointer (a loop with a dynamic trip count, online
-softmax), so both cost what the live prefix costs, not the cache length.
+softmax), so both cost what the live prefix costs, not the cache length. (On
+CPU a decode step reads small caches whole: see `qwen3._decode_attention`.)
 Keys are cached length-last ([B, K, E, S]), values [B, K, S, E].
 
 On one CPU device with 2+ slots, decode steps run feature-major

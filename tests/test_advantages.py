@@ -129,7 +129,7 @@ def test_no_recompile_when_valid_mask_changes():
 
 def test_unknown_name_raises_with_valid_names():
   with pytest.raises(ValueError, match=r"dr_grpo.*external.*grpo.*rloo"):
-    adv_lib.get_advantage_fn("ppo")
+    adv_lib.ADVANTAGE_ESTIMATORS["ppo"]
   with pytest.raises(ValueError, match="grpo"):
     adv_lib.compute_advantages("ppo", jnp.zeros(3), jnp.zeros(3, jnp.int32),
                                jnp.ones(3, bool), 1)

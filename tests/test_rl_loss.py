@@ -314,9 +314,9 @@ def test_bad_config_raises(kwargs, match):
 
 def test_unknown_registry_names_raise():
   with pytest.raises(ValueError, match="k3"):
-    rl_loss.get_kl_estimator("kl")
+    rl_loss.KL_ESTIMATORS["kl"]
   with pytest.raises(ValueError, match="token_mean"):
-    rl_loss.get_aggregation("sum")
+    rl_loss.AGGREGATIONS["sum"]
 
 
 def test_bad_shapes_raise():

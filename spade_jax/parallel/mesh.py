@@ -21,11 +21,13 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
+from spade_jax.registry import Registry
+
 MESH_AXES = ("data", "fsdp", "tensor", "expert")
 
 Rules = tuple[tuple[str, Any], ...]
 
-RULE_SETS: dict[str, Rules] = {
+RULE_SETS: Registry[Rules] = Registry("sharding rule set", {
     "replicated": (("batch", ("data", "fsdp", "expert")),),
     # Parameters split over `fsdp` along their model width; batch over everything.
     "fsdp": (
@@ -54,7 +56,7 @@ RULE_SETS: dict[str, Rules] = {
         ("moe_mlp", "tensor"),
         ("vocab", "tensor"),
     ),
-}
+}, field="mesh.rules")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,9 +76,7 @@ class MeshConfig:
   rules: str = "fsdp"
 
   def __post_init__(self):
-    if self.rules not in RULE_SETS:
-      raise ValueError(f"Unknown sharding rule set {self.rules!r}; valid: "
-                       f"{sorted(RULE_SETS)}.")
+    RULE_SETS.check(self.rules)
 
 
 def make_mesh(cfg: MeshConfig, devices: Sequence[jax.Device] | None = None) -> Mesh:

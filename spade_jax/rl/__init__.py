@@ -1,6 +1,6 @@
 """GRPO: loss family, advantages, optimizer and the sharded train step."""
 
-from spade_jax.rl.advantages import compute_advantages, get_advantage_fn
+from spade_jax.rl.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from spade_jax.rl.logprobs import chunked_head_logprobs, chunked_token_logprobs
 from spade_jax.rl.loss import (LossConfig, Sequences, combine_metric_sums,
                                finalize_loss, finalize_metrics, grpo_loss,

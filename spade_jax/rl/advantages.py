@@ -19,10 +19,12 @@ r - r = 0 for "dr_grpo").
 from __future__ import annotations
 
 import functools
-from typing import Callable, Mapping
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
+
+from spade_jax.registry import Registry
 
 Array = jax.Array
 AdvantageFn = Callable[[Array, Array, Array, int, float], Array]
@@ -71,35 +73,15 @@ def _external(rewards, group_ids, valid, num_groups, eps):
   return rewards
 
 
-ADVANTAGE_ESTIMATORS: Mapping[str, AdvantageFn] = {
-    "grpo": _grpo,
-    "dr_grpo": _dr_grpo,
-    "rloo": _rloo,
-    "external": _external,
-}
+ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry(
+    "advantage estimator",
+    {"grpo": _grpo, "dr_grpo": _dr_grpo, "rloo": _rloo, "external": _external},
+    field="rewards.advantage")
+"""Name -> ``fn(rewards [B], group_ids [B], valid [B], num_groups, eps) -> advantages [B]``.
 
-
-def get_advantage_fn(name: str) -> AdvantageFn:
-  """Returns the advantage estimator registered under `name`.
-
-  Args:
-    name: one of `ADVANTAGE_ESTIMATORS` ("grpo", "dr_grpo", "rloo",
-      "external").
-
-  Returns:
-    A function `(rewards [B], group_ids [B], valid [B], num_groups, eps) ->
-    advantages [B]` that expects in-range ids; use `compute_advantages` for
-    the masking of invalid and out-of-range rows.
-
-  Raises:
-    ValueError: if `name` is not registered.
-  """
-  if name not in ADVANTAGE_ESTIMATORS:
-    raise ValueError(
-        f"Unknown advantage estimator {name!r}; expected one of "
-        f"{sorted(ADVANTAGE_ESTIMATORS)}."
-    )
-  return ADVANTAGE_ESTIMATORS[name]
+The functions expect in-range ids; :func:`compute_advantages` masks invalid and
+out-of-range rows.
+"""
 
 
 @functools.partial(jax.jit, static_argnames=("name", "num_groups"))
@@ -131,7 +113,7 @@ def compute_advantages(
   Raises:
     ValueError: for an unknown name or mismatched shapes.
   """
-  fn = get_advantage_fn(name)
+  fn = ADVANTAGE_ESTIMATORS[name]
   if rewards.ndim != 1 or group_ids.shape != rewards.shape or (
       valid.shape != rewards.shape
   ):

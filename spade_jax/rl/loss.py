@@ -50,10 +50,12 @@ value, including ``nan`` and ``inf``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping, NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+
+from spade_jax.registry import Registry, names
 
 Array = jax.Array
 Metrics = dict[str, Array]
@@ -80,31 +82,9 @@ def _kl_k3(logps: Array, ref_logps: Array) -> Array:
   return jnp.exp(d) - d - 1.0
 
 
-KL_ESTIMATORS: Mapping[str, Callable[[Array, Array], Array]] = {
-    "k1": _kl_k1,
-    "k2": _kl_k2,
-    "k3": _kl_k3,
-}
-
-
-def get_kl_estimator(name: str) -> Callable[[Array, Array], Array]:
-  """Returns the KL estimator registered under `name`.
-
-  Args:
-    name: one of `KL_ESTIMATORS` ("k1", "k2", "k3").
-
-  Returns:
-    A function `(logps [B, T], ref_logps [B, T]) -> kl [B, T]`.
-
-  Raises:
-    ValueError: if `name` is not registered.
-  """
-  if name not in KL_ESTIMATORS:
-    raise ValueError(
-        f"Unknown KL estimator {name!r}; expected one of "
-        f"{sorted(KL_ESTIMATORS)}. Set LossConfig.kl_estimator to a valid name."
-    )
-  return KL_ESTIMATORS[name]
+KL_ESTIMATORS: Registry[Callable[[Array, Array], Array]] = Registry(
+    "KL estimator", {"k1": _kl_k1, "k2": _kl_k2, "k3": _kl_k3}, field="loss.kl_estimator")
+"""Name -> ``fn(logps [B, T], ref_logps [B, T]) -> kl [B, T]``."""
 
 
 # ---------------------------------------------------------------------------
@@ -194,40 +174,16 @@ def _agg_dr_grpo(
   return jnp.sum(per_token * mask), denom
 
 
-AGGREGATIONS: Mapping[
-    str, Callable[[Array, Array, Sequences, "LossConfig"], tuple[Array, Array]]
-] = {
-    "token_mean": _agg_token_mean,
-    "seq_mean_token_mean": _agg_seq_mean_token_mean,
-    "dr_grpo": _agg_dr_grpo,
-}
+AGGREGATIONS: Registry[Callable[[Array, Array, Sequences, "LossConfig"],
+                                 tuple[Array, Array]]] = Registry(
+    "aggregation mode",
+    {"token_mean": _agg_token_mean, "seq_mean_token_mean": _agg_seq_mean_token_mean,
+     "dr_grpo": _agg_dr_grpo},
+    field="loss.aggregation")
+"""Name -> ``fn(per_token [B, T], mask [B, T] float, seqs, config) -> (loss_sum, denom)``."""
 
 
-def get_aggregation(
-    name: str,
-) -> Callable[[Array, Array, Sequences, "LossConfig"], tuple[Array, Array]]:
-  """Returns the aggregation mode registered under `name`.
-
-  Args:
-    name: one of `AGGREGATIONS` ("token_mean", "seq_mean_token_mean",
-      "dr_grpo").
-
-  Returns:
-    A function `(per_token [B, T], mask [B, T] float, seqs: Sequences,
-    config) -> (loss_sum [], denom [])`.
-
-  Raises:
-    ValueError: if `name` is not registered.
-  """
-  if name not in AGGREGATIONS:
-    raise ValueError(
-        f"Unknown aggregation mode {name!r}; expected one of "
-        f"{sorted(AGGREGATIONS)}. Set LossConfig.aggregation to a valid name."
-    )
-  return AGGREGATIONS[name]
-
-
-RATIO_LEVELS = ("token", "sequence")
+RATIO_LEVELS = names("token", "sequence", kind="ratio level", field="loss.ratio_level")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,13 +221,9 @@ class LossConfig:
   entropy_coef: float = 0.0
 
   def __post_init__(self):
-    get_kl_estimator(self.kl_estimator)
-    get_aggregation(self.aggregation)
-    if self.ratio_level not in RATIO_LEVELS:
-      raise ValueError(
-          f"Unknown ratio_level {self.ratio_level!r}; expected one of "
-          f"{list(RATIO_LEVELS)}."
-      )
+    KL_ESTIMATORS.check(self.kl_estimator)
+    AGGREGATIONS.check(self.aggregation)
+    RATIO_LEVELS.check(self.ratio_level)
     if not (self.eps_low >= 0 and self.eps_high >= 0):
       raise ValueError(
           f"Clip ranges must be non-negative; got eps_low={self.eps_low}, "
@@ -429,7 +381,7 @@ def grpo_loss_terms(
     })
 
   if ref_logps is not None:
-    kl = get_kl_estimator(config.kl_estimator)(logps, sg(clean(ref_logps)))
+    kl = KL_ESTIMATORS[config.kl_estimator](logps, sg(clean(ref_logps)))
     metrics["kl_sum"] = jnp.sum(kl * m)
     if config.kl_coef != 0:
       per_token = per_token + config.kl_coef * kl
@@ -437,7 +389,7 @@ def grpo_loss_terms(
     per_token = per_token + config.entropy_coef * logps
 
   per_token = jnp.where(valid, per_token, 0.0)
-  loss_sum, denom = get_aggregation(config.aggregation)(per_token, m, seqs,
+  loss_sum, denom = AGGREGATIONS[config.aggregation](per_token, m, seqs,
                                                         config)
 
   neg, pos = adv < 0, adv > 0

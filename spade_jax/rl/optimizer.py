@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import jax
 import optax
+
+from spade_jax.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,17 +39,19 @@ class OptimizerConfig:
   weight_decay: float = 0.1
   grad_clip: float = 1.0
 
+  def __post_init__(self):
+    OPTIMIZERS.check(self.name)
+    SCHEDULES.check(self.schedule)
 
-def _schedule(cfg: OptimizerConfig):
-  if cfg.schedule == "constant":
-    return optax.constant_schedule(cfg.learning_rate)
-  if cfg.schedule == "linear_warmup":
-    return optax.linear_schedule(0.0, cfg.learning_rate, max(1, cfg.warmup_steps))
-  if cfg.schedule == "cosine":
-    return optax.warmup_cosine_decay_schedule(
-        0.0, cfg.learning_rate, max(1, cfg.warmup_steps), max(2, cfg.total_steps))
-  raise ValueError(f"Unknown schedule {cfg.schedule!r}; valid: "
-                   "['constant', 'cosine', 'linear_warmup'].")
+
+SCHEDULES: Registry[Callable[[OptimizerConfig], optax.Schedule]] = Registry(
+    "learning-rate schedule", {
+        "constant": lambda c: optax.constant_schedule(c.learning_rate),
+        "linear_warmup": lambda c: optax.linear_schedule(0.0, c.learning_rate,
+                                                          max(1, c.warmup_steps)),
+        "cosine": lambda c: optax.warmup_cosine_decay_schedule(
+            0.0, c.learning_rate, max(1, c.warmup_steps), max(2, c.total_steps)),
+    }, field="optimizer.schedule")
 
 
 def decay_mask(params):
@@ -57,19 +62,18 @@ def decay_mask(params):
   return jax.tree_util.tree_map_with_path(leaf, params)
 
 
+OPTIMIZERS: Registry[Callable[[OptimizerConfig, optax.Schedule],
+                              optax.GradientTransformation]] = Registry(
+    "optimizer", {
+        "adamw": lambda c, lr: optax.adamw(lr, b1=c.b1, b2=c.b2, eps=c.eps,
+                                           weight_decay=c.weight_decay, mask=decay_mask),
+        "adam": lambda c, lr: optax.adam(lr, b1=c.b1, b2=c.b2, eps=c.eps),
+        "sgd": lambda c, lr: optax.sgd(lr),
+    }, field="optimizer.name")
+
+
 def make_optimizer(cfg: OptimizerConfig) -> optax.GradientTransformation:
-  """Gradient clipping followed by AdamW."""
-  parts = []
-  if cfg.grad_clip:
-    parts.append(optax.clip_by_global_norm(cfg.grad_clip))
-  lr = _schedule(cfg)
-  if cfg.name == "adamw":
-    parts.append(optax.adamw(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
-                             weight_decay=cfg.weight_decay, mask=decay_mask))
-  elif cfg.name == "adam":
-    parts.append(optax.adam(lr, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps))
-  elif cfg.name == "sgd":
-    parts.append(optax.sgd(lr))
-  else:
-    raise ValueError(f"Unknown optimizer {cfg.name!r}; valid: ['adam', 'adamw', 'sgd'].")
+  """Gradient clipping (when set) followed by the named optimizer."""
+  parts = [optax.clip_by_global_norm(cfg.grad_clip)] if cfg.grad_clip else []
+  parts.append(OPTIMIZERS[cfg.name](cfg, SCHEDULES[cfg.schedule](cfg)))
   return optax.chain(*parts)

@@ -6,9 +6,10 @@ import sys
 
 import pytest
 
-from spade_jax.designer import (SKILLS, Document, MemoryRecord, agent_system_prompt,
+from spade_jax.designer import (Document, MemoryRecord, agent_system_prompt,
                                 clean_hint, designer_prompt, finalize_hint, hint_leaks, hint_prompt)
 from spade_jax.designer import prompts as prompts_lib
+from spade_jax.envs import ALLOWED_IMPORTS, SKILLS
 
 DOC = Document("stdlib/heapq", "Heap queue algorithm. Heaps are binary trees for which every "
                "parent node has a value less than or equal to any of its children.")
@@ -42,7 +43,7 @@ def test_every_skill_renders_with_contract(setting):
                   "```python", negative.reason, "class " + ("CoinChangeEnv" if setting ==
                                                              "games" else "LibraryLoansEnv")):
       assert piece in p, (setting, skill, piece)
-    for module in prompts_lib.ALLOWED_IMPORTS:
+    for module in ALLOWED_IMPORTS:
       assert module in p
     assert ("\\boxed{" in p) == (setting == "games")
     assert ("<tool_call>" in p) == (setting == "tool_use")
@@ -124,8 +125,8 @@ def test_hint_leaks():
     finalize_hint("x", "oracle")
 
 
-def test_module_prints_every_prompt():
-  out = subprocess.run([sys.executable, "-m", "spade_jax.designer.prompts"],
+def test_launcher_prints_every_prompt():
+  out = subprocess.run([sys.executable, "-m", "launch.prompts"],
                        capture_output=True, text=True, check=True, timeout=60)
   headers = [ln for ln in out.stdout.splitlines() if ln.startswith("===== setting=")]
   assert len(headers) == sum(len(v) for v in SKILLS.values()) == 12

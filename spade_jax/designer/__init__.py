@@ -1,35 +1,18 @@
-"""The environment designer: prompts, corpus grounding, environment memory, hints, rewards.
+"""The environment designer's inputs: prompts, corpus grounding, environment memory, hints.
 
-Public names are re-exported lazily (PEP 562) so that ``import spade_jax.designer`` stays
-cheap and ``python -m spade_jax.designer.prompts`` runs its module cleanly.
+Designer rewards belong to the regret stage (:mod:`spade_jax.selfplay.rewards`); the env
+contract the prompts render is :mod:`spade_jax.envs.contract`.
 """
 
-import importlib
+from spade_jax.designer.corpus import SOURCES, Corpus, CorpusConfig, Document, truncate
+from spade_jax.designer.hints import HINT_SOURCES, Hint, clean_hint, finalize_hint, hint_leaks
+from spade_jax.designer.memory import (EnvMemory, MemoryConfig, MemoryRecord, code_hash,
+                                       render_program)
+from spade_jax.designer.prompts import agent_system_prompt, designer_prompt, hint_prompt
 
-_EXPORTS = {
-    "corpus": ("Corpus", "CorpusConfig", "Document", "SOURCES", "truncate"),
-    "hints": ("HINT_SOURCES", "Hint", "check_hint_source", "clean_hint", "finalize_hint",
-              "hint_leaks", "policy_hint_prompt"),
-    "memory": ("EnvMemory", "MemoryConfig", "MemoryRecord", "code_hash", "render_program"),
-    "prompts": ("ALLOWED_IMPORTS", "FINAL_ANSWER_TOOL", "SETTINGS", "SKILLS",
-                "agent_system_prompt", "designer_prompt",
-                "get_setting",
-                "hint_prompt", "skill_index"),
-    "rewards": ("EnvStats", "RewardConfig", "RewardOutput", "agent_advantages",
-                "compute_rewards", "designer_rewards", "plateau", "register_variant",
-                "variants"),
-}
-_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_WHERE)
-
-
-def __getattr__(name):
-  if name in _WHERE:
-    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    globals()[name] = value
-    return value
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-  return sorted(set(globals()) | set(__all__))
+__all__ = [
+    "Corpus", "CorpusConfig", "Document", "EnvMemory", "HINT_SOURCES", "Hint", "MemoryConfig",
+    "MemoryRecord", "SOURCES", "agent_system_prompt", "clean_hint", "code_hash",
+    "designer_prompt", "finalize_hint", "hint_leaks", "hint_prompt", "render_program",
+    "truncate",
+]

@@ -26,7 +26,10 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-SOURCES = ("embedded", "tfds", "seqio", "jsonl", "text")
+from spade_jax.registry import names
+
+SOURCES = names("embedded", "tfds", "seqio", "jsonl", "text", kind="corpus source",
+                field="corpus.source")
 _STATE_VERSION = 1
 _WORD = re.compile(r"\S+")
 
@@ -67,9 +70,7 @@ class CorpusConfig:
       object.__setattr__(self, "paths", (self.paths,))
     else:
       object.__setattr__(self, "paths", tuple(self.paths))
-    if self.source not in SOURCES:
-      raise ValueError(f"CorpusConfig.source={self.source!r} is not a known source; "
-                       f"expected one of {SOURCES}.")
+    SOURCES.check(self.source)
     if self.source in ("tfds", "seqio") and not self.name:
       raise ValueError(f"CorpusConfig(source={self.source!r}) needs `name` (the dataset or "
                        "task to read); got an empty name.")

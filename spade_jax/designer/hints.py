@@ -1,8 +1,8 @@
 """Privileged hints for the hinted arm of regret estimation.
 
-Two sources, chosen by name:
+Two sources, chosen by name (:data:`HINT_SOURCES`):
 
-* ``"policy"``: the policy reads the program (:func:`hint_prompt`) and writes a hint;
+* ``"policy"``: the policy reads the program (``prompts.hint_prompt``) and writes a hint;
   :func:`clean_hint` turns its raw reply into hint text.
 * ``"program"``: the environment's own ``hint()`` method, called in the sandbox by the
   episode runner; :func:`clean_hint` normalises it too.
@@ -17,17 +17,10 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from spade_jax.designer.prompts import hint_prompt
+from spade_jax.registry import names
 
-HINT_SOURCES = ("policy", "program")
+HINT_SOURCES = names("policy", "program", kind="hint source", field="selfplay.hint_source")
 _SEPARATOR = r"(?:\W|_|\b(?:then|and|next|after that|followed by)\b)*"
-
-
-def check_hint_source(source: str) -> str:
-  """Returns ``source`` if it names a hint source; raises listing the valid ones."""
-  if source not in HINT_SOURCES:
-    raise ValueError(f"Unknown hint source {source!r}; expected one of {HINT_SOURCES}.")
-  return source
 
 
 def clean_hint(text: str | None, max_chars: int = 1_000) -> str | None:
@@ -122,13 +115,9 @@ def finalize_hint(raw: str | None, source: str, solution_actions: Sequence[str] 
   Returns:
     A :class:`Hint`.
   """
-  check_hint_source(source)
+  HINT_SOURCES.check(source)
   text = clean_hint(raw, max_chars=max_chars)
   if text is not None and hint_leaks(text, solution_actions):
     return Hint(None, source, leaked=True)
   return Hint(text, source)
 
-
-def policy_hint_prompt(program: str, setting: str, max_chars: int = 24_000) -> str:
-  """The prompt with which the policy writes a hint (alias of :func:`hint_prompt`)."""
-  return hint_prompt(program, setting, max_chars=max_chars)

@@ -20,8 +20,11 @@ import re
 import tempfile
 from typing import Any
 
+from spade_jax.registry import names
+
 _FORMAT_VERSION = 1
-EVICTION_POLICIES = ("lowest_reward", "oldest")
+EVICTION_POLICIES = names("lowest_reward", "oldest", kind="memory eviction policy",
+                          field="memory.eviction")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,9 +54,7 @@ class MemoryConfig:
   no_memory: bool = False
 
   def __post_init__(self):
-    if self.eviction not in EVICTION_POLICIES:
-      raise ValueError(f"MemoryConfig.eviction={self.eviction!r} is unknown; expected one "
-                       f"of {EVICTION_POLICIES}.")
+    EVICTION_POLICIES.check(self.eviction)
     if self.capacity < 1 or self.negative_capacity < 0:
       raise ValueError(f"MemoryConfig capacities must be positive; got capacity="
                        f"{self.capacity}, negative_capacity={self.negative_capacity}.")

@@ -1,138 +1,19 @@
 """Prompts for the two roles: the environment designer and the reasoning agent.
 
-Run ``python -m spade_jax.designer.prompts`` to print a rendered designer prompt for every
-skill of every setting (with a sample document, exemplar and negative example).
+The designer prompt renders the env contract of :mod:`spade_jax.envs.contract`
+(settings, skills, allowed imports, size cap). ``python -m launch.prompts``
+prints a rendered designer prompt for every skill of every setting.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import textwrap
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-  from spade_jax.designer.corpus import Document
-  from spade_jax.designer.memory import MemoryRecord
-
-# Modules an environment program may import; everything else is rejected by validation.
-ALLOWED_IMPORTS = ("random", "math", "re", "json", "itertools", "collections", "string",
-                   "functools", "heapq", "bisect", "dataclasses", "typing", "fractions",
-                   "statistics", "copy", "enum", "operator")
-FINAL_ANSWER_TOOL = "final_answer"
-MAX_PROGRAM_BYTES = 64 * 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class Setting:
-  """A family of environments: its skills and how the agent's actions reach ``step``."""
-  name: str
-  skills: dict[str, str]
-  interaction: str
-  agent_rules: str
-
-
-_GAMES = Setting(
-    name="games",
-    skills={
-        "mathematical reasoning":
-            "the player must compute, estimate or prove a quantity: arithmetic with "
-            "constraints, number theory, combinatorics, algebraic manipulation.",
-        "logical deduction":
-            "the player must infer hidden facts from clues or feedback: constraint "
-            "puzzles, truth-teller/liar setups, elimination grids, code-breaking.",
-        "spatial reasoning":
-            "the player must track positions, shapes or movement on a grid or graph: "
-            "navigation, tiling, rotations, line-of-sight.",
-        "pattern recognition":
-            "the player must discover a rule behind sequences, strings or tables and "
-            "apply it: next-term prediction, transformation rules, hidden mappings.",
-        "optimization":
-            "the player must find a best (or good enough) choice under constraints: "
-            "scheduling, packing, shortest paths, resource allocation with a scored result.",
-        "causal inference":
-            "the player must discover which hidden mechanism produces the observations, "
-            "by intervening and observing: switches and lights, hidden rules, experiments.",
-    },
-    interaction=(
-        "The agent answers each turn in free text. Only the content of the LAST "
-        "\\boxed{...} in its message reaches your environment: `step(action)` receives "
-        "that content as a plain string (for example `step(\"17\")` or "
-        "`step(\"move left\")`); do not parse \\boxed yourself. If the message has no "
-        "\\boxed{...}, `step` receives the whole message, stripped. Treat malformed actions "
-        "as a wasted turn (reward 0.0, explain the expected format in the observation) "
-        "rather than raising. `solution()` returns the contents of the boxes, one per turn."),
-    agent_rules=(
-        "Each turn, reason briefly, then give exactly one action as \\boxed{ACTION}. Only "
-        "the last \\boxed{...} in your message is sent to the environment, verbatim."),
-)
-
-_TOOL_USE = Setting(
-    name="tool_use",
-    skills={
-        "API orchestration":
-            "the agent must combine several APIs whose outputs feed each other's "
-            "inputs, in the right order, to complete a request.",
-        "data retrieval":
-            "the agent must search, filter and look up records through tools to find "
-            "facts that are not given directly.",
-        "state modification":
-            "the agent must change a stateful system (accounts, files, bookings, "
-            "inventories) through tools so that it ends in a requested state.",
-        "error recovery":
-            "tools fail in realistic, deterministic ways (bad arguments, missing records, "
-            "rate limits, stale data); the agent must notice and recover.",
-        "tool selection":
-            "many similar tools are available and only some fit the request; the agent "
-            "must pick the right ones with correct arguments.",
-        "multi-step workflows":
-            "the request needs a long chain of dependent tool calls with intermediate "
-            "checks before the final answer.",
-    },
-    interaction=(
-        "The agent calls tools by writing "
-        "<tool_call>{\"name\": \"TOOL\", \"arguments\": {...}}</tool_call>. `step(action)` "
-        "receives the JSON text inside the LAST <tool_call>...</tool_call> of the "
-        "agent's message (or the whole message, stripped, if there is none). Your environment parses "
-        "it with `json.loads`, runs the named tool against its hidden state and returns "
-        "the tool's result (JSON text or an error message) as the next observation. The "
-        "observation from `reset` must describe the task and list every tool with its "
-        "name, purpose and argument schema, including the tool "
-        f"`{FINAL_ANSWER_TOOL}` with arguments {{\"answer\": string}}: calling it ends "
-        "the episode (terminated=True) with reward 1.0 if the task is accomplished and "
-        "0.0 otherwise. Malformed JSON, unknown tools and bad arguments produce an error "
-        "observation with reward 0.0, never an exception. `solution()` returns the JSON "
-        "texts of the tool calls, one per turn, ending with the final_answer call."),
-    agent_rules=(
-        "Each turn, make exactly one tool call as "
-        "<tool_call>{\"name\": \"TOOL\", \"arguments\": {...}}</tool_call> with valid "
-        "JSON. Read the tool results carefully. When the task is done, call "
-        f"`{FINAL_ANSWER_TOOL}` with your answer; that ends the episode."),
-)
-
-SETTINGS: dict[str, Setting] = {s.name: s for s in (_GAMES, _TOOL_USE)}
-SKILLS: dict[str, tuple[str, ...]] = {s.name: tuple(s.skills) for s in SETTINGS.values()}
-
-
-def skill_index(setting: str, skill: str) -> int:
-  """Integer id of ``skill`` within its setting (the ``skill`` array of the regret buffer)."""
-  s = get_setting(setting)
-  _check_skill(s, skill)
-  return list(s.skills).index(skill)
-
-
-def get_setting(setting: str) -> Setting:
-  """The registered setting named ``setting``; raises listing the valid names."""
-  if setting not in SETTINGS:
-    raise ValueError(f"Unknown setting {setting!r}; expected one of {sorted(SETTINGS)}.")
-  return SETTINGS[setting]
-
-
-def _check_skill(setting: Setting, skill: str) -> None:
-  if skill not in setting.skills:
-    raise ValueError(f"Unknown skill {skill!r} for setting {setting.name!r}; expected one "
-                     f"of {list(setting.skills)}.")
-
+from spade_jax.designer.corpus import Document
+from spade_jax.designer.memory import MemoryRecord, render_program
+from spade_jax.envs.contract import (ALLOWED_IMPORTS, MAX_SOURCE_BYTES, SETTINGS, SKILLS,
+                                     check_skill)
 
 CONTRACT = textwrap.dedent(f"""\
     Program contract (programs that break it are rejected):
@@ -157,7 +38,7 @@ CONTRACT = textwrap.dedent(f"""\
       global random state, files, network or environment variables.
     - Imports are limited to these pure standard-library modules: {", ".join(ALLOWED_IMPORTS)}.
     - Observations are plain text, at most a few thousand characters. The source stays
-      under {MAX_PROGRAM_BYTES // 1024} KiB.
+      under {MAX_SOURCE_BYTES // 1024} KiB.
     - Random or do-nothing play must not solve the task; a careful player must be able to.
     """).rstrip()
 
@@ -191,7 +72,6 @@ _EXEMPLAR_INTRO = (
 
 
 def _code_block(header: str, program: str, budget: int) -> str:
-  from spade_jax.designer.memory import render_program  # pylint: disable=g-import-not-at-top
   code = render_program(program, budget - len(header) - len("```python\n\n```"))
   return "" if code is None else f"{header}```python\n{code}\n```"
 
@@ -249,8 +129,8 @@ def designer_prompt(setting: str, skill: str, document: Document | None = None,
   Returns:
     The prompt text (one user message).
   """
-  s = get_setting(setting)
-  _check_skill(s, skill)
+  s = SETTINGS[setting]
+  check_skill(setting, skill)
   kind = "game or puzzle" if s.name == "games" else "tool-use task"
   head = (f"You design training environments for a reasoning agent. Write one interactive "
           f"{kind} as a Python program. The agent plays it over several turns: it reads "
@@ -288,7 +168,7 @@ def agent_system_prompt(setting: str, hint: str | None = None) -> str:
   Returns:
     The system message text.
   """
-  s = get_setting(setting)
+  s = SETTINGS[setting]
   what = "an interactive puzzle or game" if s.name == "games" else "a task that needs tools"
   text = (f"You are solving {what} over several turns. The environment describes the "
           f"task and responds to each of your actions. {s.agent_rules} Think carefully "
@@ -309,8 +189,7 @@ def hint_prompt(program: str, setting: str, max_chars: int = 24_000) -> str:
   Returns:
     The prompt text; the answer is expected inside ``<hint>...</hint>``.
   """
-  from spade_jax.designer.memory import render_program  # pylint: disable=g-import-not-at-top
-  s = get_setting(setting)
+  s = SETTINGS[setting]
   head = ("Below is the source code of an environment that a player will face without "
           "seeing the code. Write a hint that would help a capable player succeed: the "
           "winning strategy, the hidden rule, or the mistake to avoid. The hint must hold "
@@ -323,8 +202,6 @@ def hint_prompt(program: str, setting: str, max_chars: int = 24_000) -> str:
 
 
 def _demo_records(setting: str):
-  from spade_jax.designer.corpus import Document  # pylint: disable=g-import-not-at-top
-  from spade_jax.designer.memory import MemoryRecord  # pylint: disable=g-import-not-at-top
   doc = Document("pydoc_topics/augassign",
                  "Augmented assignment statements. Augmented assignment is the combination, "
                  "in a single statement, of a binary operation and an assignment statement: "
@@ -460,6 +337,3 @@ def render_all(max_chars: int = 12_000) -> str:
       out.append(f"===== setting={setting} skill={skill} ({len(prompt)} chars) =====\n{prompt}")
   return "\n\n".join(out)
 
-
-if __name__ == "__main__":
-  print(render_all())

@@ -1,4 +1,4 @@
-"""Env programs: the contract, extraction, validation, built-ins, gymnasium adapter.
+"""Env programs: the contract, settings, extraction, validation, built-ins, gymnasium adapter.
 
 Public API::
 
@@ -9,16 +9,19 @@ Importing this package registers the gymnasium env ``spade_jax/Program-v0``.
 """
 
 from spade_jax.envs.builtin import builtin_program, builtin_programs
+from spade_jax.envs.contract import (ALLOWED_IMPORTS, FINAL_ANSWER_TOOL, MAX_SOURCE_BYTES,
+                                     REASONS, SETTINGS, SKILLS, VALIDATION_REASONS, Setting,
+                                     check_skill, skill_index)
 from spade_jax.envs.gym_adapter import ENV_ID, ProgramEnv, UnicodeText
-from spade_jax.envs.program import (ALLOWED_IMPORTS, MAX_SOURCE_BYTES, REASONS,
-                                    check_static, extract_program)
+from spade_jax.envs.program import check_static, extract_program
 from spade_jax.envs.replay import Episode, play_solutions
 from spade_jax.envs.validate import (ValidationConfig, Verdict, random_actions,
                                      validate_many, validate_program)
 
 __all__ = [
-    "ALLOWED_IMPORTS", "ENV_ID", "Episode", "MAX_SOURCE_BYTES", "ProgramEnv", "REASONS",
-    "UnicodeText", "ValidationConfig", "Verdict", "builtin_program", "builtin_programs",
-    "check_static", "extract_program", "play_solutions", "random_actions", "validate_many",
-    "validate_program",
+    "ALLOWED_IMPORTS", "ENV_ID", "Episode", "FINAL_ANSWER_TOOL", "MAX_SOURCE_BYTES",
+    "ProgramEnv", "REASONS", "SETTINGS", "SKILLS", "Setting", "UnicodeText",
+    "VALIDATION_REASONS", "ValidationConfig", "Verdict", "builtin_program", "builtin_programs",
+    "check_skill", "check_static", "extract_program", "play_solutions", "random_actions",
+    "skill_index", "validate_many", "validate_program",
 ]

@@ -1,7 +1,7 @@
 """The env program contract: extraction from model output and static checks.
 
-An env program is a Python source string (at most 64 KiB) defining one class
-whose name ends in ``Env``::
+An env program is a Python source string (the limits and allow-list are in
+:mod:`spade_jax.envs.contract`) defining one class whose name ends in ``Env``::
 
   class GuessEnv:
     def __init__(self, max_turns=25, **kwargs): ...
@@ -29,17 +29,9 @@ boundary (that is :mod:`spade_jax.sandbox`).
 import ast
 import re
 import threading
+from collections.abc import Collection
 
-from spade_jax.sandbox.pool import REASONS
-
-MAX_SOURCE_BYTES = 64 * 1024
-
-ALLOWED_IMPORTS = frozenset({
-    "__future__", "abc", "array", "bisect", "cmath", "collections", "copy", "dataclasses",
-    "datetime", "decimal", "enum", "fractions", "functools", "hashlib", "heapq",
-    "itertools", "json", "math", "numbers", "operator", "random", "re", "statistics",
-    "string", "textwrap", "typing", "unicodedata",
-})
+from spade_jax.envs.contract import ALLOWED_IMPORTS, COMPILER_DIRECTIVES, MAX_SOURCE_BYTES
 
 # Names and attributes that only serve to escape the program's namespace or to
 # touch the host; legitimate game code never needs them.
@@ -116,10 +108,15 @@ def _env_class(tree: ast.Module) -> tuple[str | None, list[str]]:
   return None, env_names
 
 
-def check_static(source: str, allowed_imports: frozenset[str] = ALLOWED_IMPORTS,
+def check_static(source: str, allowed_imports: Collection[str] = ALLOWED_IMPORTS,
                  max_bytes: int = MAX_SOURCE_BYTES
                  ) -> tuple[str | None, str, str | None]:
   """Static quality checks of env program source.
+
+  Args:
+    source: the program.
+    allowed_imports: modules it may import (``from __future__`` is always allowed).
+    max_bytes: size cap in UTF-8 bytes.
 
   Returns:
     (reason, detail, class_name): reason is None when the source passes, else
@@ -135,6 +132,7 @@ def check_static(source: str, allowed_imports: frozenset[str] = ALLOWED_IMPORTS,
     return "syntax", f"{e.msg} (line {e.lineno})", None
   except (ValueError, RecursionError, MemoryError) as e:
     return "syntax", f"{type(e).__name__}: {e}", None
+  allowed = frozenset(allowed_imports) | frozenset(COMPILER_DIRECTIVES)
   name, env_names = _env_class(tree)
   if name is None:
     found = ", ".join(env_names) or "none"
@@ -144,11 +142,11 @@ def check_static(source: str, allowed_imports: frozenset[str] = ALLOWED_IMPORTS,
     if isinstance(node, ast.Import):
       for alias in node.names:
         root = alias.name.split(".")[0]
-        if root not in allowed_imports:
+        if root not in allowed:
           return "forbidden", _import_msg(alias.name, node.lineno, allowed_imports), name
     elif isinstance(node, ast.ImportFrom):
       mod = node.module or ""
-      if node.level or mod.split(".")[0] not in allowed_imports:
+      if node.level or mod.split(".")[0] not in allowed:
         return "forbidden", _import_msg("." * node.level + mod, node.lineno,
                                         allowed_imports), name
     elif isinstance(node, ast.Name) and node.id in BANNED_NAMES:
@@ -165,10 +163,9 @@ def check_static(source: str, allowed_imports: frozenset[str] = ALLOWED_IMPORTS,
   return None, "", name
 
 
-def _import_msg(module: str, line: int, allowed: frozenset[str]) -> str:
+def _import_msg(module: str, line: int, allowed: Collection[str]) -> str:
   return (f"import of {module!r} at line {line} is not allowed; env programs may import "
           f"only: {', '.join(sorted(allowed))}")
 
 
-__all__ = ["ALLOWED_IMPORTS", "MAX_SOURCE_BYTES", "REASONS", "check_static",
-           "extract_program"]
+__all__ = ["check_static", "extract_program"]

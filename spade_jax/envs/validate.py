@@ -22,9 +22,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from spade_jax.envs import contract
 from spade_jax.envs import program as program_lib
+from spade_jax.envs.contract import REASONS
 from spade_jax.sandbox import CallResult, EnvHandle, EnvPool, SandboxConfig
-from spade_jax.sandbox.pool import REASONS
 
 _SOLVED = 1.0 - 1e-6
 _RANDOM_WORDS = ("yes", "no", "up", "down", "left", "right", "north", "a", "b", "c", "A",
@@ -64,8 +65,8 @@ class ValidationConfig:
   check_termination: bool = True
   skip_static_checks: bool = False
   extract: bool = True
-  allowed_imports: frozenset[str] = program_lib.ALLOWED_IMPORTS
-  max_source_bytes: int = program_lib.MAX_SOURCE_BYTES
+  allowed_imports: tuple[str, ...] = contract.ALLOWED_IMPORTS
+  max_source_bytes: int = contract.MAX_SOURCE_BYTES
   time_budget_s: float = 60.0
   sandbox: SandboxConfig = dataclasses.field(default_factory=SandboxConfig)
 

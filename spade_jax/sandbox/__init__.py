@@ -11,11 +11,11 @@ Public API::
 
 from spade_jax.sandbox.config import DEFAULT_PREIMPORT, MODES, SandboxConfig
 from spade_jax.sandbox.isolation import IsolationPlan, IsolationReport, plan_isolation
-from spade_jax.sandbox.pool import (ACTION_MODES, OPTIONAL_METHODS, REASONS, CallResult,
+from spade_jax.sandbox.pool import (ACTION_MODES, FAILURES, OPTIONAL_METHODS, CallResult,
                                     EnvHandle, EnvPool)
 
 __all__ = [
-    "ACTION_MODES", "CallResult", "DEFAULT_PREIMPORT", "EnvHandle", "EnvPool", "IsolationPlan",
-    "IsolationReport", "MODES", "OPTIONAL_METHODS", "REASONS", "SandboxConfig",
+    "ACTION_MODES", "CallResult", "DEFAULT_PREIMPORT", "EnvHandle", "EnvPool", "FAILURES",
+    "IsolationPlan", "IsolationReport", "MODES", "OPTIONAL_METHODS", "SandboxConfig",
     "plan_isolation",
 ]

@@ -16,8 +16,7 @@ says which confinement layers are active, or why one is missing.
 
 Frames are a 4-byte big-endian length followed by that many bytes of UTF-8
 JSON. Every reply is ``{"id", "ok", "value"}`` or ``{"id", "ok": false,
-"reason", "detail"}``; ``reason`` uses the vocabulary of
-``spade_jax.envs.REASONS``.
+"reason", "detail"}``; ``reason`` is one of ``spade_jax.sandbox.FAILURES``.
 
 Action passing: the caller always sends the agent's raw turn text. In "boxed"
 mode (programs under the spade_jax contract) the program's ``step`` receives

@@ -2,7 +2,9 @@
 
 import dataclasses
 
-MODES = ("best_effort", "strict", "none")
+from spade_jax.registry import names
+
+MODES = names("best_effort", "strict", "none", kind="sandbox mode", field="sandbox.mode")
 
 # Pure-stdlib modules a worker imports before the uid drop when the program
 # might not be able to import them afterwards (no private mount namespace and
@@ -98,8 +100,7 @@ class SandboxConfig:
   python: str | None = None
 
   def __post_init__(self):
-    if self.mode not in MODES:
-      raise ValueError(f"SandboxConfig.mode={self.mode!r}; expected one of {MODES}.")
+    MODES.check(self.mode)
     for name in ("call_timeout_s", "load_timeout_s", "memory_mb", "cpu_seconds",
                  "max_message_bytes", "max_observation_chars", "max_live_workers"):
       if getattr(self, name) <= 0:

@@ -8,7 +8,7 @@ program.
 
 Every call returns :class:`CallResult` objects. A crash, hang, limit breach,
 bad return type, NaN reward or oversized observation is an outcome with a
-reason from :data:`REASONS`, never an exception. Any failed call ends the
+reason from :data:`FAILURES`, never an exception. Any failed call ends the
 instance (its worker is killed) except a call to a missing optional method
 (``hint``/``solution``), which leaves the instance usable.
 
@@ -32,16 +32,19 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from spade_jax.registry import names
 from spade_jax.sandbox import isolation
 from spade_jax.sandbox.config import DEFAULT_PREIMPORT, SandboxConfig
 from spade_jax.sandbox.process import Outcome, WorkerProcess, exchange
 
 _log = logging.getLogger(__name__)
 
-REASONS = ("no_code", "too_large", "syntax", "forbidden", "contract", "nondeterministic",
-           "infeasible", "trivial", "timeout", "memory", "crash", "output_too_large")
+# How a sandboxed run can fail: the source does not compile ("syntax"), breaks the
+# call contract or returns bad values ("contract"), runs past its deadline or CPU
+# limit, runs out of memory, dies, or answers with too much output.
+FAILURES = ("syntax", "contract", "timeout", "memory", "crash", "output_too_large")
 OPTIONAL_METHODS = ("hint", "solution")
-ACTION_MODES = ("auto", "boxed", "raw", "tool_call")
+ACTION_MODES = names("auto", "boxed", "raw", "tool_call", kind="action mode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +55,7 @@ class CallResult:
     ok: whether the call returned a value that passed the contract checks.
     value: reset -> (obs, info); step -> (obs, reward, terminated, truncated,
       info); hint -> str; solution -> list[str]. None when not ok.
-    reason: one of REASONS when not ok.
+    reason: one of FAILURES when not ok.
     detail: human-readable explanation.
     seconds: wall-clock seconds from sending the request to its reply.
   """
@@ -410,8 +413,7 @@ class EnvPool:
       One handle per source; a failed load gives ``alive == False`` with
       ``reason``/``detail`` set.
     """
-    if action_mode not in ACTION_MODES:
-      raise ValueError(f"action_mode={action_mode!r}; expected one of {ACTION_MODES}.")
+    ACTION_MODES.check(action_mode)
     names = list(class_names) if class_names is not None else [None] * len(sources)
     handles, workers, reqs = [], [], []
     for i, src in enumerate(sources):
@@ -522,7 +524,7 @@ class EnvPool:
       return CallResult(False, None, h.reason, h.detail, o.seconds)
     r = o.reply
     if not r.get("ok"):
-      reason = r.get("reason") if r.get("reason") in REASONS else "crash"
+      reason = r.get("reason") if r.get("reason") in FAILURES else "crash"
       detail = str(r.get("detail", ""))[:4000]
       missing_optional = (op == "call" and reason == "contract"
                           and "defines no" in detail)

@@ -6,9 +6,9 @@ Expected numbers are worked out by hand in the comments next to each case.
 import numpy as np
 import pytest
 
-from spade_jax.designer import rewards as rw
-from spade_jax.designer.rewards import RewardConfig, compute_rewards, designer_rewards, plateau
 from spade_jax.selfplay import buffer as buffer_lib
+from spade_jax.selfplay import rewards as rw
+from spade_jax.selfplay.rewards import RewardConfig, compute_rewards, plateau
 from spade_jax.selfplay.buffer import RegretBuffer
 
 N = M = 20  # 20 plays per arm: every multiple of 0.05 is an exact win rate.
@@ -31,6 +31,11 @@ def step(buf, win, hint, skill=None, valid=None, fresh=None, played=None):
   mask_h = np.repeat(played[:, None], buf.num_hinted, 1)
   return buf.record(rows(win, buf.num_plays), mask_n, rows(hint, buf.num_hinted), mask_h,
                     skill, valid, fresh)
+
+
+def designer_rewards(buf, cfg):
+  out = compute_rewards(buf, cfg)
+  return out.designer, out.metrics
 
 
 def raw_cfg(**kw):
@@ -164,7 +169,7 @@ def test_agent_advantages_group_zscore():
   s1 = np.sqrt(2 / 9)
   np.testing.assert_allclose(adv[1], [1 / 3 / s1, 1 / 3 / s1, -2 / 3 / s1, 0.0], atol=1e-4)
   np.testing.assert_allclose(adv[2], 0.0)  # Invalid env.
-  adv = compute_rewards(buf, RewardConfig(advantage_std=False)).agent_advantages
+  adv = compute_rewards(buf, RewardConfig(advantage="dr_grpo")).agent_advantages
   np.testing.assert_allclose(adv[0], [0.75, -0.25, -0.25, -0.25], atol=1e-6)
 
 
@@ -173,11 +178,11 @@ def test_changing_valid_count_never_recompiles():
 
   def counting(stats, cfg):
     traces.append(1)  # Runs only while tracing.
-    return rw.get_variant("blend")(stats, cfg)
+    return rw.VARIANTS["blend"](stats, cfg)
 
   name = "_test_counting_blend"
-  if name not in rw.variants():
-    rw.register_variant(name)(counting)
+  if name not in rw.VARIANTS:
+    rw.VARIANTS.register(name)(counting)
   cfg = RewardConfig(variant=name)
   e = 8
   buf = RegretBuffer.create(e, 4, 4, 4)
@@ -199,7 +204,7 @@ def test_unknown_variant_lists_valid_names():
   with pytest.raises(ValueError, match="blend.*solve_rate|Unknown designer reward variant"):
     RewardConfig(variant="regrett")
   with pytest.raises(ValueError) as info:
-    rw.get_variant("nope")
+    rw.VARIANTS["nope"]
   for name in ("blend", "regret", "learning_potential", "solve_rate",
                "micro_learning_potential"):
     assert name in str(info.value)

@@ -13,7 +13,8 @@ from spade_jax.metrics import read_metrics
 from spade_jax.models import ByteVocab, get_preset
 from spade_jax.sampling import Generation, SamplingConfig
 from spade_jax.selfplay import iteration as iteration_lib
-from spade_jax.selfplay.loop import make, progress_line
+from spade_jax.selfplay.build import make
+from spade_jax.selfplay.loop import progress_line
 
 from experiments.configs import tiny
 
@@ -68,7 +69,7 @@ def _selfplay(tmp_path, pool, **overrides):
       sp_cfg, trainer=trainer, state=trainer.init_state(jax.random.key(0)), vocab=vocab,
       sampling=SamplingConfig(eos_id=vocab.eos_id), pool=pool,
       corpus=dz.Corpus(dz.CorpusConfig(), workdir=str(tmp_path)),
-      memory=dz.EnvMemory(), reward_cfg=dz.RewardConfig(credit_window=1),
+      memory=dz.EnvMemory(), reward_cfg=selfplay.RewardConfig(credit_window=1),
       validation=envs.ValidationConfig(max_turns=2, random_episodes=2, random_steps=2,
                                         sandbox=pool.config))
 
@@ -137,7 +138,7 @@ def test_credit_window_longer_than_regeneration_is_refused(tmp_path, pool):
     iteration_lib.SelfPlay(
         iteration_lib.SelfPlayConfig(), trainer=trainer, state=None, vocab=ByteVocab(),
         sampling=SamplingConfig(), pool=pool, corpus=None, memory=dz.EnvMemory(),
-        reward_cfg=dz.RewardConfig(credit_window=4), validation=envs.ValidationConfig())
+        reward_cfg=selfplay.RewardConfig(credit_window=4), validation=envs.ValidationConfig())
 
 
 def test_progress_line_mentions_every_phase():

@@ -1,21 +1,91 @@
-"""Continuous batching: a queue of requests on an engine's fixed slots.
+"""Continuous batching: conversations queued on an engine's fixed rows.
 
-When a row stops, the next waiting request takes its slot (its prompt is one
-extend on that row; the other rows keep their caches), so uneven lengths keep
-the batch full. Shapes never change, so refills compile nothing new. A
-request's draws depend only on its own key, so its output is the same whether
-it runs alone or shares the batch.
+:func:`schedule` is the one slot-refill scheduler. Each conversation owns one
+engine row while it runs; it alternates an extend (its prompt, later e.g. an
+environment observation) and a decode, and after every decode round the
+caller says, for each conversation that decoded, what it does next or that it
+has ended. An ended conversation frees its row and the next waiting one takes
+it (its prompt is one extend on that row; the other rows keep their caches),
+so uneven lengths keep the batch full and shapes never change. A
+conversation's draws depend only on its own key, so its output is the same
+whichever row it runs on and whoever shares the batch.
+
+:func:`serve` (one-shot requests) and ``spade_jax.selfplay.episodes`` (multi-turn
+plays against environments) both run on it.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 
 from spade_jax.sampling.engine import Engine
+
+# A decode round's result for one conversation: (token ids, log-probs, stopped on
+# a stop id or stop string).
+Output = tuple[list[int], list[float], bool]
+
+
+@dataclasses.dataclass
+class Turn:
+  """A conversation's next step: append ``ids`` (may be empty: keep decoding), then
+  decode up to ``max_new_tokens``."""
+
+  ids: Sequence[int]
+  max_new_tokens: int
+
+
+def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
+             respond: Callable[[dict[int, Output]], dict[int, Turn | None]], *,
+             slots: Sequence[int] | None = None, refill_early: bool = False) -> list[int]:
+  """Runs conversations on ``engine``'s rows until every one has ended.
+
+  Args:
+    engine: the engine; its rows in ``slots`` are overwritten.
+    first: each conversation's first turn (its prompt, non-empty); conversations
+      start in this order as rows free up.
+    keys: each conversation's PRNG key.
+    respond: called after every decode round with conversation -> output for the
+      conversations that decoded in it (in the order they took their rows);
+      returns conversation -> its next :class:`Turn`, or None when it has ended.
+    slots: rows to use (default: all of the engine's).
+    refill_early: while conversations wait, end a decode round as soon as one row
+      stops, so a waiting conversation takes its row at once (the others' partial
+      output comes back; continue them with an empty :class:`Turn`). Otherwise a
+      round decodes every running conversation to its stop or budget.
+
+  Returns:
+    The row each conversation ran on.
+  """
+  if len(keys) != len(first):
+    raise ValueError(f"schedule() got {len(first)} conversations and {len(keys)} keys; "
+                     "expected one key per conversation.")
+  free = collections.deque(range(engine.slots) if slots is None else slots)
+  if not free:
+    raise ValueError("schedule() got no slots; pass at least one engine row.")
+  waiting = collections.deque(range(len(first)))
+  running: dict[int, int] = {}  # conversation -> row, in the order rows were taken
+  turn: dict[int, Turn] = {}
+  row_of = [-1] * len(first)
+  while waiting or running:
+    starts = {}
+    while waiting and free:
+      c = waiting.popleft()
+      running[c] = row_of[c] = free.popleft()
+      turn[c], starts[running[c]] = first[c], keys[c]
+    engine.extend({running[c]: list(t.ids) for c, t in turn.items() if len(t.ids)}, starts)
+    res = engine.decode({running[c]: turn[c].max_new_tokens for c in running},
+                        stop_on_finish=refill_early and bool(waiting))
+    nxt = respond({c: res[running[c]] for c in running})
+    ended = [c for c in running if nxt.get(c) is None]
+    turn = {c: nxt[c] for c in running if nxt.get(c) is not None}
+    rows = [running.pop(c) for c in ended]
+    engine.release(rows)
+    free.extend(rows)
+  return row_of
 
 
 @dataclasses.dataclass
@@ -45,45 +115,34 @@ class Completion:
 
 def serve(engine: Engine, requests: Sequence[Request],
           slots: Sequence[int] | None = None) -> list[Completion]:
-  """Runs every request on `engine`, refilling slots as rows stop.
+  """Runs every request on ``engine``, refilling rows as requests finish.
 
   Args:
-    engine: the engine; its rows in `slots` are overwritten.
+    engine: the engine; its rows in ``slots`` are overwritten.
     requests: the requests, served first come first served.
     slots: rows to use (default: all of the engine's).
 
   Returns:
-    One `Completion` per request, in request order.
+    One :class:`Completion` per request, in request order.
   """
-  free = collections.deque(range(engine.slots) if slots is None else slots)
-  if not free:
-    raise ValueError("serve() got no slots; pass at least one engine row.")
-  waiting = collections.deque(range(len(requests)))
-  running: dict[int, int] = {}  # slot -> request index
-  out: dict[int, Completion] = {}
-  left: dict[int, int] = {}
-  while waiting or running:
-    starts, chunks = {}, {}
-    while waiting and free:
-      r, b = waiting.popleft(), free.popleft()
-      req = requests[r]
-      if len(req.prompt) == 0:
-        raise ValueError(f"Request {r} has an empty prompt; every prompt needs a token.")
-      chunks[b], starts[b] = list(req.prompt), req.key
-      running[b], left[b] = r, req.max_new_tokens
-      out[r] = Completion([], [], False, b)
-    engine.extend(chunks, starts)
-    res = engine.decode({b: left[b] for b in running}, stop_on_finish=bool(waiting))
-    freed = []
-    for b, (toks, logps, hit) in res.items():
-      c = out[running[b]]
-      c.tokens += toks
-      c.logprobs += logps
-      left[b] -= len(toks)
-      if hit or left[b] <= 0:
-        c.finished = hit
-        del running[b]
-        freed.append(b)
-    engine.release(freed)
-    free.extend(freed)
-  return [out[r] for r in range(len(requests))]
+  for r, req in enumerate(requests):
+    if len(req.prompt) == 0:
+      raise ValueError(f"Request {r} has an empty prompt; every prompt needs a token.")
+  out = [Completion([], [], False, -1) for _ in requests]
+  left = [req.max_new_tokens for req in requests]
+
+  def respond(outputs: dict[int, Output]) -> dict[int, Turn | None]:
+    nxt: dict[int, Turn | None] = {}
+    for r, (toks, logps, hit) in outputs.items():
+      out[r].tokens += toks
+      out[r].logprobs += logps
+      left[r] -= len(toks)
+      out[r].finished = hit
+      nxt[r] = None if hit or left[r] <= 0 else Turn((), left[r])
+    return nxt
+
+  rows = schedule(engine, [Turn(req.prompt, req.max_new_tokens) for req in requests],
+                  [req.key for req in requests], respond, slots=slots, refill_early=True)
+  for c, row in zip(out, rows):
+    c.slot = row
+  return out

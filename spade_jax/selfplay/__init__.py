@@ -1,6 +1,17 @@
-"""Self-play: episode runner, regret buffer, the iteration and the training run."""
+"""Self-play: episodes, the regret stage (buffer -> rewards), the iteration, the run.
+
+Data path of one iteration (``SelfPlay.iteration``): designer prompts -> sampler ->
+validation in the sandbox -> agent episodes (``episodes``) -> :class:`RegretBuffer`
+(``buffer``) -> designer rewards and agent advantages (``rewards``) -> packed GRPO
+batch (``batch``) -> train step. ``build`` turns a config into the parts; ``loop``
+drives iterations, checkpoints and metrics.
+"""
 
 from spade_jax.selfplay.batch import Row, build_batch
+from spade_jax.selfplay.buffer import RegretBuffer
+from spade_jax.selfplay.build import Run, RunConfig, build, load_vocab, make, resolve
 from spade_jax.selfplay.episodes import Episode, EpisodeSpec, run_episodes
 from spade_jax.selfplay.iteration import SelfPlay, SelfPlayConfig, Slot
 from spade_jax.selfplay.loop import progress_line, train
+from spade_jax.selfplay.rewards import (VARIANTS, EnvStats, RewardConfig, RewardOutput,
+                                        compute_rewards, plateau)

@@ -5,8 +5,9 @@ then one concurrent `step_many` on the sandbox pool. With a `Sampler` policy
 each episode owns one row of a KV-cache engine: the observation and the next
 turn's prefix are appended to the row's cache and decoding continues, so the
 history is never prefilled again; when an episode ends, a waiting one takes
-its slot (`max_slots`). A plain `(prompts, max_new) -> Generation` callable is
-also accepted and re-reads the whole transcript each turn.
+its slot (`max_slots`; the scheduler is `spade_jax.sampling.schedule`). A
+plain `(prompts, max_new) -> Generation` callable is also accepted and
+re-reads the whole transcript each turn.
 
 Transcripts are token lists with a loss mask that is True only on tokens the
 policy generated; they are exactly the ids the sampler conditioned on, and
@@ -19,10 +20,10 @@ import dataclasses
 import math
 from typing import Callable, Sequence
 
-from spade_jax.models.chat import ChatTemplate
 import jax
 
-from spade_jax.sampling import Generation, Sampler
+from spade_jax.models.chat import ChatTemplate
+from spade_jax.sampling import Generation, Output, Sampler, Turn, schedule
 
 Policy = Sampler | Callable[[list[list[int]], int], Generation]
 
@@ -178,7 +179,8 @@ def _play_reread(pool, handles, episodes, running, policy, chat, *, max_turns,
 
 def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, max_turns,
                  max_turn_tokens, max_len, max_slots) -> list[int]:
-  """Turns through one engine row per episode; waiting episodes take freed rows.
+  """Turns through one engine row per episode (`sampling.schedule`); waiting
+  episodes take freed rows.
 
   Returns the episodes still running after `max_turns` turns.
   """
@@ -188,38 +190,27 @@ def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, ma
   # Room for the longest transcript plus one bucketed chunk before compaction.
   engine = sampler.engine(slots, 2 * max_len)
   key = sampler.next_key()
-  waiting = list(running)
-  free = list(range(engine.slots))
-  slot_of: dict[int, int] = {}
-  pending: dict[int, list[int]] = {}  # episode -> ids to append before its next turn
-  starts: dict[int, jax.Array] = {}
   left_over: list[int] = []
-  while waiting or slot_of:
-    while waiting and free:
-      i = waiting.pop(0)
-      slot_of[i] = free.pop(0)
-      pending[i] = list(episodes[i].tokens)
-      starts[slot_of[i]] = jax.random.fold_in(key, i)
-    engine.extend({slot_of[i]: ids for i, ids in pending.items()}, starts)
-    pending, starts = {}, {}
-    idx = list(slot_of)
-    out = engine.decode({slot_of[i]: max_turn_tokens for i in idx})
+
+  def respond(outputs: dict[int, Output]) -> dict[int, Turn | None]:
+    idx = [running[c] for c in outputs]
     actions = []
-    for i in idx:
-      toks, lps, _ = out[slot_of[i]]
+    for i, (toks, lps, _) in zip(idx, outputs.values()):
       _extend(episodes[i], toks, True, lps)
       episodes[i].turns += 1
       actions.append(chat.vocab.decode(toks))
     results = pool.step_many([handles[i] for i in idx], actions)
     cont = _step_results(episodes, chat, idx, results, max_turn_tokens, max_len)
-    done = []
-    for i in idx:
+    nxt: dict[int, Turn | None] = {}
+    for c, i in zip(outputs, idx):
       if i in cont and episodes[i].turns < max_turns:
-        pending[i] = cont[i]
+        nxt[c] = Turn(cont[i], max_turn_tokens)
         continue
       if i in cont:
         left_over.append(i)
-      done.append(slot_of.pop(i))
-    engine.release(done)
-    free += done
+      nxt[c] = None
+    return nxt
+
+  schedule(engine, [Turn(list(episodes[i].tokens), max_turn_tokens) for i in running],
+           [jax.random.fold_in(key, i) for i in running], respond)
   return left_over

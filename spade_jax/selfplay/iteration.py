@@ -25,8 +25,7 @@ from spade_jax.sampling import Sampler, SamplingConfig, num_compiled_programs
 from spade_jax.selfplay.batch import Row, build_batch
 from spade_jax.selfplay.buffer import RegretBuffer
 from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes
-
-HINT_SOURCES = ("program", "policy")
+from spade_jax.selfplay.rewards import RewardConfig, compute_rewards
 # Episode outcomes that are the env's fault: excluded from win rates.
 _AGENT_OUTCOMES = ("solved", "terminated", "truncated", "max_turns", "context")
 
@@ -77,9 +76,8 @@ class SelfPlayConfig:
 
   def __post_init__(self):
     object.__setattr__(self, "skills", tuple(self.skills))
-    if self.hint_source not in HINT_SOURCES:
-      raise ValueError(f"selfplay.hint_source={self.hint_source!r}; expected one of "
-                       f"{HINT_SOURCES}.")
+    envs.SETTINGS.check(self.setting)
+    dz.HINT_SOURCES.check(self.hint_source)
     for name in ("num_envs", "plays", "hinted_plays", "max_turns", "regen_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"selfplay.{name} must be >= 1; got {getattr(self, name)}.")
@@ -117,12 +115,12 @@ class SelfPlay:
 
   def __init__(self, cfg: SelfPlayConfig, *, trainer: Trainer, state: TrainState,
                vocab, sampling: SamplingConfig, pool, corpus: dz.Corpus,
-               memory: dz.EnvMemory, reward_cfg: dz.RewardConfig,
+               memory: dz.EnvMemory, reward_cfg: RewardConfig,
                validation: envs.ValidationConfig, seed: int = 0):
-    setting = dz.get_setting(cfg.setting)
-    self.skills = cfg.skills or tuple(setting.skills)
+    self.setting = envs.SETTINGS[cfg.setting]
+    self.skills = cfg.skills or envs.SKILLS[cfg.setting]
     for s in self.skills:
-      dz.skill_index(cfg.setting, s)  # raises with the valid skills
+      envs.check_skill(cfg.setting, s)
     if reward_cfg.credit_window > cfg.regen_every:
       raise ValueError(
           f"rewards.credit_window={reward_cfg.credit_window} exceeds "
@@ -185,7 +183,7 @@ class SelfPlay:
     rows, reasons = [], collections.Counter()
     for e, (skill, doc, p, toks, lps, v) in enumerate(
         zip(skills, docs, prompts, gen.tokens, gen.logprobs, verdicts)):
-      sample = DesignSample(e, dz.skill_index(cfg.setting, skill), doc.id if doc else "",
+      sample = DesignSample(e, envs.skill_index(cfg.setting, skill), doc.id if doc else "",
                             p + toks, [0.0] * len(p) + lps, len(p), v.source, v.reason, it)
       if v.valid:
         self.slots[e] = Slot(v.source, "designer", sample.skill, sample.doc_id)
@@ -253,7 +251,7 @@ class SelfPlay:
         max_turns=cfg.max_turns, max_turn_tokens=cfg.agent_turn_tokens,
         max_len=self.trainer.train_cfg.seq_len,
         hint_fn=self._program_hints if cfg.hint_source == "program" else None,
-        action_mode="tool_call" if cfg.setting == "tool_use" else "auto")
+        action_mode=self.setting.action_mode)
     times["play"] = time.perf_counter() - t0
 
     r_n, m_n = np.zeros((E, N), np.float32), np.zeros((E, N), bool)
@@ -299,7 +297,7 @@ class SelfPlay:
     if it % cfg.regen_every == 0:
       rows += self._design(it, metrics, times)
     nohint = self._play(it, metrics, times)
-    out = dz.compute_rewards(self.buffer, self.reward_cfg)
+    out = compute_rewards(self.buffer, self.reward_cfg)
     designer_r = np.asarray(out.designer)
     adv = np.asarray(out.agent_advantages)
     for k in ("regret_mean", "win_rate_mean", "valid_frac", "credited_frac"):
@@ -344,7 +342,7 @@ class SelfPlay:
     return metrics
 
   def skills_name(self, index: int) -> str:
-    return list(dz.get_setting(self.cfg.setting).skills)[index] if index >= 0 else ""
+    return envs.SKILLS[self.cfg.setting][index] if index >= 0 else ""
 
   # -- checkpointed host state -------------------------------------------------
   def host_state(self) -> dict[str, Any]:

@@ -1,40 +1,18 @@
-"""The training run: build every part from a config, resume, iterate, checkpoint."""
+"""The training run: build the parts, resume, iterate, checkpoint, report."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
-from typing import Any, Mapping
+from typing import Mapping
 
 from absl import logging
 import jax
 
-from spade_jax import designer as dz
-from spade_jax import envs, parallel, rl, sandbox
+from spade_jax import sandbox
 from spade_jax.checkpoint import Checkpointer
 from spade_jax.metrics import MetricsWriter
-from spade_jax.models import ByteVocab, ModelConfig
-from spade_jax.sampling import SamplingConfig
-from spade_jax.selfplay.iteration import SelfPlay, SelfPlayConfig
-
-
-def make(cls, section: Mapping[str, Any] | None, name: str):
-  """Builds dataclass `cls` from a config section, naming any unknown key."""
-  values = dict(section or {})
-  fields = {f.name for f in dataclasses.fields(cls)}
-  unknown = sorted(set(values) - fields)
-  if unknown:
-    raise ValueError(f"Unknown key(s) {unknown} in config section {name!r}; "
-                     f"valid keys for {cls.__name__}: {sorted(fields)}.")
-  return cls(**values)
-
-
-def _section(config, name: str) -> dict[str, Any]:
-  if name not in config:
-    return {}
-  value = config[name]
-  return value.to_dict() if hasattr(value, "to_dict") else dict(value)
+from spade_jax.selfplay.build import build
 
 
 def progress_line(it: int, total: int, m: Mapping[str, float]) -> str:
@@ -58,43 +36,17 @@ def _say(msg: str, *args) -> None:
 
 
 def train(config, workdir: str) -> dict[str, float]:
-  """Runs (or resumes) self-play training in `workdir`; returns the last metrics."""
+  """Runs (or resumes) self-play training in ``workdir``; returns the last metrics."""
   workdir = os.path.abspath(workdir)
   os.makedirs(workdir, exist_ok=True)
-  model_cfg = make(ModelConfig, _section(config, "model"), "model")
-  mesh_cfg = make(parallel.MeshConfig, _section(config, "mesh"), "mesh")
-  mesh = parallel.make_mesh(mesh_cfg)
-  rules = parallel.RULE_SETS[mesh_cfg.rules]
-  vocab = ByteVocab()
-  if vocab.vocab_size > model_cfg.vocab_size:
-    raise ValueError(f"model.vocab_size={model_cfg.vocab_size} is smaller than the "
-                     f"vocabulary's {vocab.vocab_size} ids.")
-  trainer = rl.Trainer(model_cfg, make(rl.TrainConfig, _section(config, "train"), "train"),
-                       make(rl.LossConfig, _section(config, "loss"), "loss"),
-                       make(rl.OptimizerConfig, _section(config, "optimizer"), "optimizer"),
-                       mesh, rules)
-  sp_cfg = make(SelfPlayConfig, _section(config, "selfplay"), "selfplay")
-  sampling = make(SamplingConfig, {"eos_id": vocab.eos_id, "pad_id": vocab.pad_id,
-                                   **_section(config, "sampling")}, "sampling")
-  reward_cfg = make(dz.RewardConfig, _section(config, "rewards"), "rewards")
-  sandbox_cfg = make(sandbox.SandboxConfig, _section(config, "sandbox"), "sandbox")
-  validation = make(envs.ValidationConfig,
-                    {"max_turns": sp_cfg.max_turns, **_section(config, "validation"),
-                     "sandbox": sandbox_cfg}, "validation")
-  corpus = dz.Corpus(make(dz.CorpusConfig, _section(config, "corpus"), "corpus"),
-                     workdir=workdir, seed=config.seed)
-  memory = dz.EnvMemory(make(dz.MemoryConfig, _section(config, "memory"), "memory"))
-  total = int(config.iterations)
-
-  ckpt = Checkpointer(workdir, keep=config.get("keep_checkpoints", 3))
+  run = build(config)
+  c, trainer = run.config, run.trainer
+  ckpt = Checkpointer(workdir, keep=c.keep_checkpoints)
   writer = MetricsWriter(workdir)
-  with sandbox.EnvPool(sandbox_cfg) as pool:
+  with sandbox.EnvPool(c.sandbox) as pool:
     if pool.report is not None:
       _say("sandbox: %s", pool.report.summary())
-    state = trainer.init_state(jax.random.key(config.seed))
-    sp = SelfPlay(sp_cfg, trainer=trainer, state=state, vocab=vocab, sampling=sampling,
-                  pool=pool, corpus=corpus, memory=memory, reward_cfg=reward_cfg,
-                  validation=validation, seed=config.seed)
+    sp = run.selfplay(pool, workdir)
     start = 0
     abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -104,19 +56,19 @@ def train(config, workdir: str) -> dict[str, float]:
       sp.state, sp.buffer, host = restored
       sp.restore_host_state(host)
       start = int(host["next_iteration"])
-      _say("resumed from %s at iteration %d of %d", ckpt.directory, start, total)
-    if start >= total:
+      _say("resumed from %s at iteration %d of %d", ckpt.directory, start, c.iterations)
+    if start >= c.iterations:
       _say("Nothing to do: %d of %d iterations already done in %s. Raise "
-                   "--config.iterations to continue.", start, total, workdir)
+           "--config.iterations to continue.", start, c.iterations, workdir)
     last: dict[str, float] = {}
-    every = max(1, int(config.get("checkpoint_every", 1)))
-    for it in range(start, total):
+    every = max(1, c.checkpoint_every)
+    for it in range(start, c.iterations):
       t0 = time.perf_counter()
       metrics = sp.iteration(it)
       metrics["time/iteration"] = time.perf_counter() - t0
       last = writer.write(it + 1, metrics)
-      _say("%s", progress_line(it, total, last))
-      if (it + 1) % every == 0 or it + 1 == total:
+      _say("%s", progress_line(it, c.iterations, last))
+      if (it + 1) % every == 0 or it + 1 == c.iterations:
         ckpt.save(it + 1, sp.state, sp.buffer, {**sp.host_state(), "next_iteration": it + 1})
         sp.memory.save(os.path.join(workdir, "memory.json"))
   writer.close()

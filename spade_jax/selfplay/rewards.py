@@ -1,4 +1,4 @@
-"""Designer rewards and agent advantages from a :class:`RegretBuffer`.
+"""Designer rewards and agent advantages from a :class:`RegretBuffer`: the regret stage.
 
 One jitted function, :func:`compute_rewards`, turns a buffer into per-env designer rewards
 (for the variant named in :class:`RewardConfig`) and per-play agent advantages. The config
@@ -12,7 +12,7 @@ Per env slot ``e`` with the last ``credit_window`` played iterations of its prog
 * ``plateau(w)`` = 1 on ``[plateau_lo, plateau_hi]``, else ``max(0, 1 - d / plateau_width)``
   with ``d`` the distance to the interval.
 
-Variants (registry; :func:`register_variant` adds more):
+Variants (the :data:`VARIANTS` registry; ``VARIANTS.register(name)`` adds more):
 
 * ``blend`` (reference default): ``regret_weight * clip(regret / regret_scale, 0, 1)
   + plateau_weight * plateau(w)``;
@@ -25,6 +25,9 @@ The raw reward is then centred on the mean over valid envs of the same skill (op
 optionally divided by that skill's standard deviation, and multiplied by ``scale``. Slots
 whose program failed validation get ``invalid_penalty`` instead; valid slots with no plays
 in the window get 0 and stay out of the skill statistics.
+
+Agent advantages are group-relative per env slot over its unhinted plays, by the
+estimator of :data:`spade_jax.rl.ADVANTAGE_ESTIMATORS` that ``RewardConfig.advantage`` names.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from spade_jax.registry import Registry
+from spade_jax.rl.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from spade_jax.selfplay.buffer import RegretBuffer, masked_mean
 
 
@@ -61,29 +66,8 @@ class EnvStats:
 
 
 VariantFn = Callable[[EnvStats, "RewardConfig"], jax.Array]
-_VARIANTS: dict[str, VariantFn] = {}
-
-
-def register_variant(name: str) -> Callable[[VariantFn], VariantFn]:
-  """Decorator registering ``fn(stats, cfg) -> f32[E]`` as designer-reward variant ``name``."""
-  def wrap(fn: VariantFn) -> VariantFn:
-    if name in _VARIANTS:
-      raise ValueError(f"Designer reward variant {name!r} is already registered.")
-    _VARIANTS[name] = fn
-    return fn
-  return wrap
-
-
-def variants() -> tuple[str, ...]:
-  """Names of the registered designer-reward variants."""
-  return tuple(_VARIANTS)
-
-
-def get_variant(name: str) -> VariantFn:
-  if name not in _VARIANTS:
-    raise ValueError(f"Unknown designer reward variant {name!r}; expected one of "
-                     f"{sorted(_VARIANTS)}. Set rewards.variant to one of them.")
-  return _VARIANTS[name]
+# Designer-reward variants: ``fn(stats, cfg) -> f32[E]`` raw scores.
+VARIANTS: Registry[VariantFn] = Registry("designer reward variant", field="rewards.variant")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,8 +90,8 @@ class RewardConfig:
     credit_window: iterations of a program's history averaged into ``w`` and ``regret``.
     ema_slow: slow EMA decay, passed to ``RegretBuffer.record``.
     ema_fast: fast EMA decay, passed to ``RegretBuffer.record``.
-    advantage_std: divide agent advantages by the per-env standard deviation (GRPO);
-      False gives mean-centred advantages (Dr.GRPO).
+    advantage: agent advantage estimator, a name in ``spade_jax.rl.ADVANTAGE_ESTIMATORS``
+      ("grpo": z-scored per env; "dr_grpo": mean-centred; "rloo": leave-one-out).
     eps: numerical floor for standard deviations.
   """
   variant: str = "blend"
@@ -124,11 +108,12 @@ class RewardConfig:
   credit_window: int = 4
   ema_slow: float = 0.98
   ema_fast: float = 0.85
-  advantage_std: bool = True
+  advantage: str = "grpo"
   eps: float = 1e-6
 
   def __post_init__(self):
-    get_variant(self.variant)
+    VARIANTS.check(self.variant)
+    ADVANTAGE_ESTIMATORS.check(self.advantage)
     if self.regret_scale <= 0 or self.plateau_width <= 0:
       raise ValueError(f"RewardConfig needs regret_scale > 0 and plateau_width > 0; got "
                        f"{self.regret_scale} and {self.plateau_width}.")
@@ -148,32 +133,32 @@ def plateau(w: jax.Array, lo: float, hi: float, width: float) -> jax.Array:
   return jnp.maximum(0.0, 1.0 - dist / width)
 
 
-@register_variant("blend")
+@VARIANTS.register("blend")
 def _blend(s: EnvStats, c: RewardConfig) -> jax.Array:
   regret_term = jnp.clip(s.regret / c.regret_scale, 0.0, 1.0)
   return (c.regret_weight * regret_term +
           c.plateau_weight * plateau(s.win, c.plateau_lo, c.plateau_hi, c.plateau_width))
 
 
-@register_variant("regret")
+@VARIANTS.register("regret")
 def _regret(s: EnvStats, c: RewardConfig) -> jax.Array:
   del c
   return s.regret
 
 
-@register_variant("learning_potential")
+@VARIANTS.register("learning_potential")
 def _learning_potential(s: EnvStats, c: RewardConfig) -> jax.Array:
   del c
   return jnp.abs(s.win - s.ema_slow)
 
 
-@register_variant("micro_learning_potential")
+@VARIANTS.register("micro_learning_potential")
 def _micro_learning_potential(s: EnvStats, c: RewardConfig) -> jax.Array:
   del c
   return jnp.abs(s.ema_fast - s.ema_slow)
 
 
-@register_variant("solve_rate")
+@VARIANTS.register("solve_rate")
 def _solve_rate(s: EnvStats, c: RewardConfig) -> jax.Array:
   return plateau(s.win, c.plateau_lo, c.plateau_hi, c.plateau_width)
 
@@ -227,25 +212,22 @@ def skill_centre(raw: jax.Array, skill: jax.Array, member: jax.Array, normalize:
   return out, mean
 
 
-def agent_advantages(buf: RegretBuffer, use_std: bool = True,
-                     eps: float = 1e-6) -> jax.Array:
-  """Group-relative advantages per env over the unhinted plays.
+def agent_advantages(buf: RegretBuffer, cfg: RewardConfig) -> jax.Array:
+  """Group-relative advantages of the unhinted plays, one group per env slot.
 
   Args:
     buf: the buffer (current iteration's plays).
-    use_std: divide by the group's population standard deviation.
-    eps: floor for the standard deviation.
+    cfg: names the estimator (``cfg.advantage``) and its ``eps``.
 
   Returns:
-    f32[E, N]: ``(r - mean_e) / (std_e + eps)`` on masked-in plays of valid envs, else 0.
+    f32[E, N]: advantages of masked-in plays of valid envs, 0 elsewhere.
   """
-  r, m = buf.rewards_nohint, buf.mask_nohint & buf.valid[:, None]
-  mean = masked_mean(r, m)
-  adv = r - mean[:, None]
-  if use_std:
-    std = jnp.sqrt(masked_mean(jnp.square(adv), m))
-    adv = adv / (std[:, None] + eps)
-  return jnp.where(m, adv, 0.0)
+  E, N = buf.rewards_nohint.shape
+  valid = buf.mask_nohint & buf.valid[:, None]
+  groups = jnp.broadcast_to(jnp.arange(E, dtype=jnp.int32)[:, None], (E, N))
+  adv = compute_advantages(cfg.advantage, buf.rewards_nohint.reshape(-1), groups.reshape(-1),
+                           valid.reshape(-1), E, cfg.eps)
+  return adv.reshape(E, N)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
@@ -260,7 +242,7 @@ def compute_rewards(buf: RegretBuffer, cfg: RewardConfig) -> RewardOutput:
     A :class:`RewardOutput` with ``designer`` f32[E] and ``agent_advantages`` f32[E, N].
   """
   stats = env_stats(buf, cfg.credit_window)
-  raw = get_variant(cfg.variant)(stats, cfg).astype(jnp.float32)
+  raw = VARIANTS[cfg.variant](stats, cfg).astype(jnp.float32)
   member = stats.has_data
   if cfg.center_by_skill:
     centred, skill_mean = skill_centre(raw, buf.skill, member, cfg.normalize_by_skill_std,
@@ -287,20 +269,6 @@ def compute_rewards(buf: RegretBuffer, cfg: RewardConfig) -> RewardOutput:
       "per_env/win_rate": stats.win,
       "per_env/skill_mean": skill_mean,
   }
-  adv = agent_advantages(buf, cfg.advantage_std, cfg.eps)
+  adv = agent_advantages(buf, cfg)
   return RewardOutput(designer=designer, agent_advantages=adv, metrics=metrics)
 
-
-def designer_rewards(buf: RegretBuffer,
-                     cfg: RewardConfig | None = None) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Designer rewards f32[E] and metrics; one compiled call shared with the advantages.
-
-  Args:
-    buf: the regret buffer.
-    cfg: reward config; default ``RewardConfig()`` (blend).
-
-  Returns:
-    (f32[E] rewards, metrics dict).
-  """
-  out = compute_rewards(buf, cfg or RewardConfig())
-  return out.designer, out.metrics

@@ -1,6 +1,7 @@
 """Model: shapes, axes, KV-cache consistency, segment packing, sharded forward."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -8,9 +9,10 @@ import numpy as np
 import pytest
 
 from spade_jax import parallel
-from spade_jax.models import (ByteVocab, ChatTemplate, ModelConfig, forward, get_preset,
-                              init_cache, init_params, param_axes, param_shapes,
-                              segment_mask, token_logprobs)
+from spade_jax.models import (ByteVocab, ChatTemplate, ModelConfig, decode_params,
+                              decode_step, forward, get_preset, init_cache, init_params,
+                              param_axes, param_shapes, segment_mask, token_logprobs)
+from spade_jax.models import attention
 
 CFG = get_preset("tiny")
 
@@ -40,7 +42,7 @@ def test_untied_head_and_eval_shape():
 def test_bad_config_errors():
   with pytest.raises(ValueError, match="num_kv_heads"):
     ModelConfig(num_heads=4, num_kv_heads=3)
-  with pytest.raises(ValueError, match="Unknown model preset 'nope'"):
+  with pytest.raises(ValueError, match="Unknown model preset 'nope'; expected one of .*'tiny'"):
     get_preset("nope")
 
 
@@ -64,10 +66,9 @@ def test_cache_prefill_and_decode_match_full_forward(params):
 @pytest.mark.parametrize("preset,per_layer", [("tiny", True), ("tiny", False),
                                                ("tiny_moe", True)])
 def test_feature_major_decode_step_matches_forward(preset, per_layer):
-  from spade_jax.models import qwen3  # pylint: disable=g-import-not-at-top
   cfg = dataclasses.replace(get_preset(preset), tie_embeddings=preset == "tiny")
   p = init_params(jax.random.key(4), cfg)
-  dp = qwen3.decode_params(p, cfg)
+  dp = decode_params(p, cfg)
   assert len(dp["layers"]) == cfg.num_layers
   H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
   assert dp["layers"][0]["qkv"].shape == ((H + 2 * K) * E, cfg.d_model)
@@ -83,7 +84,7 @@ def test_feature_major_decode_step_matches_forward(preset, per_layer):
   _, cache = forward(p, cfg, toks[:, :P], pos[:, :P], m,
                      init_cache(cfg, B, S, "float32", per_layer=per_layer), 0)
   ref_cache = cache
-  step = jax.jit(lambda dp, c, t, ps, v, i: qwen3.decode_step(dp, cfg, t, ps, v, c, i, i + 1))
+  step = jax.jit(lambda dp, c, t, ps, v, i: decode_step(dp, cfg, t, ps, v, c, i, i + 1))
   for t in range(P, P + 4):
     valid = jnp.broadcast_to(jnp.arange(S) <= t, (B, S))
     want, ref_cache = forward(p, cfg, toks[:, t:t + 1], pos[:, t:t + 1], valid[:, None],
@@ -150,12 +151,11 @@ def test_byte_vocab_and_chat_round_trip():
     chat.message("robot", "x")
 
 
-@pytest.mark.parametrize("S,live,whole_max", [
-    (64, 1, 1024), (64, 37, 1024), (192, 130, 1024), (768, 700, 1024),  # read whole
-    (512, 512, 256), (768, 300, 256), (2048, 1500, 1024)])  # block loop
-def test_blocked_decode_attention_equals_full_softmax(S, live, whole_max, monkeypatch):
-  from spade_jax.models import qwen3  # pylint: disable=g-import-not-at-top
-  cfg = ModelConfig(num_heads=4, num_kv_heads=2, head_dim=16)
+@pytest.mark.parametrize("S,live,read_whole,dot_scores", [
+    (64, 1, True, False), (64, 37, True, False), (192, 130, True, False),  # read whole
+    (768, 700, True, False), (192, 130, True, True), (768, 700, True, True),
+    (512, 512, False, False), (768, 300, False, False), (2048, 1500, False, False)])  # loop
+def test_blocked_decode_attention_equals_full_softmax(S, live, read_whole, dot_scores):
   B = 3
   ks = jax.random.split(jax.random.key(S + live), 4)
   q = jax.random.normal(ks[0], (B, 1, 4, 16))
@@ -164,8 +164,10 @@ def test_blocked_decode_attention_equals_full_softmax(S, live, whole_max, monkey
   # Holes inside the live prefix (released / padding entries); nothing at or after `live`.
   mask = (jax.random.uniform(ks[3], (B, 1, S)) < 0.8) & (jnp.arange(S) < live)
   mask = mask.at[:, :, 0].set(True)
-  monkeypatch.setattr(qwen3, "CPU_DECODE_WHOLE_MAX", whole_max)
-  want = qwen3._attention(q, k, v, mask, cfg)
-  got = jax.jit(qwen3._decode_attention)(q, k, v, mask, jnp.int32(live))
+  want = attention.matmul_attention(q, k, v, mask)
+  kernel = functools.partial(attention.decode_attention, read_whole=read_whole,
+                             dot_scores=dot_scores)
+  got = jax.jit(kernel)(q, k, v, mask, jnp.int32(live))
   np.testing.assert_allclose(got, want, atol=2e-5)
-  assert qwen3._live_block(S) <= 256 and S % qwen3._live_block(S) == 0
+  blk = attention.live_block(S)
+  assert blk <= attention.DECODE_BLOCK and S % blk == 0

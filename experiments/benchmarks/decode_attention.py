@@ -1,31 +1,31 @@
-r"""Decode step time with the CPU decode-attention choices, paired in one process.
+r"""Decode step time with each decode attention kernel, paired in one process.
 
   python -m experiments.benchmarks.decode_attention [--models=tiny,50m] \
       [--configs=8x64x128,8x512x128,8x64x512] [--repeats=4]
 
-`qwen3._decode_attention` on CPU (a) computes a decode step's scores as a sum
-of E broadcast products over the length-last keys (`qwen3._decode_scores`)
-and (b) reads caches of up to `qwen3.CPU_DECODE_WHOLE_MAX` entries and
-`qwen3.CPU_DECODE_WHOLE_BYTES` of keys and values per layer whole, walking
-larger ones block by block up to the live length. For each model size
-and configuration (batch x longest prompt x new tokens; other prompts half to
-full length) this script prefills one engine (fp32, fp32 cache) and compiles
-`engine.decode_loop` three times on the same state:
+A decode step's attention is chosen by `ModelConfig.decode_attention`
+(`attention.DECODE_ATTENTION`). The default, "auto", on CPU (a) computes a
+step's scores as a sum of E broadcast products over the length-last keys and
+(b) reads caches of up to `attention.CPU_DECODE_WHOLE_MAX` entries and
+`attention.CPU_DECODE_WHOLE_BYTES` of keys and values per layer whole, walking
+larger ones block by block up to the live length. For each model size and
+configuration (batch x longest prompt x new tokens; other prompts half to full
+length) this script prefills one engine (fp32, fp32 cache) and compiles
+`engine.decode_loop` once per kernel on the same state:
 
-  ours      the model's code;
+  auto      the default;
   dot       scores as one einsum (XLA:CPU: B*K [G, E] x [E, S] matmuls);
-  loop      the block loop for every cache longer than one 256-entry block.
+  blocks    the block loop for every cache longer than one 256-entry block.
 
 It checks all three give the same greedy tokens, then times `--repeats`
 rounds (order alternating each round; this machine's drift cancels in the
 paired difference) and prints ms per step and the median paired change of
-`ours` against each of the others.
+`auto` against each of the others.
 """
-
-# pylint: disable=protected-access  (swaps the model's private attention pieces)
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 
@@ -37,12 +37,8 @@ _MODELS = flags.DEFINE_list("models", ["tiny", "50m"], "Model sizes: tiny, 50m."
 _CONFIGS = flags.DEFINE_list("configs", ["8x64x128", "8x512x128", "8x64x512", "32x64x128"],
                              "batch x prompt x new tokens.")
 _REPEATS = flags.DEFINE_integer("repeats", 4, "Timed rounds.")
-VARIANTS = ("ours", "dot", "loop")
-
-
-def _einsum_scores(q, k):
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  return jnp.einsum("bkge,bkes->bkgs", q, k)
+# `ModelConfig.decode_attention` names; the default first.
+VARIANTS = ("auto", "dot", "blocks")
 
 
 def _parse(config: str) -> tuple[int, int, int]:
@@ -57,12 +53,11 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from spade_jax.models import init_params, qwen3  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import init_params  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import engine as engine_lib  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_platforms", "cpu")
   configs = [_parse(c) for c in _CONFIGS.value]
-  scores, whole_max = qwen3._decode_scores, qwen3.CPU_DECODE_WHOLE_MAX
   for size in _MODELS.value:
     cfg = model_config(size)
     params = init_params(jax.random.key(0), cfg)
@@ -76,19 +71,15 @@ def main(argv):
       state, ptr = eng.state, np.int32(eng.ptr)
       active, budget = np.ones(B, bool), np.full(B, N, np.int32)
       fns = {}
-      try:
-        for name in VARIANTS:
-          qwen3._decode_scores = _einsum_scores if name == "dot" else scores
-          qwen3.CPU_DECODE_WHOLE_MAX = qwen3.DECODE_BLOCK if name == "loop" else whole_max
-          # A new jit per variant: each traces with the choices set here.
-          fns[name] = jax.jit(lambda dp, st: engine_lib.decode_loop(
-              dp, st, ptr, active, budget, np.bool_(False), cfg=cfg, rule=eng._device_rule,
-              steps=N, feature_major=eng.feature_major)[1])
-          jax.block_until_ready(fns[name](eng.decode_params, state))
-      finally:
-        qwen3._decode_scores, qwen3.CPU_DECODE_WHOLE_MAX = scores, whole_max
+      for name in VARIANTS:
+        vcfg = dataclasses.replace(cfg, decode_attention=name)
+        fns[name] = jax.jit(lambda dp, st, vcfg=vcfg: engine_lib.decode_loop(
+            dp, st, ptr, active, budget, np.bool_(False), cfg=vcfg,
+            rule=eng._device_rule,  # pylint: disable=protected-access
+            steps=N, feature_major=eng.feature_major)[1])
+        jax.block_until_ready(fns[name](eng.decode_params, state))
       tokens = {name: np.asarray(f(eng.decode_params, state)) for name, f in fns.items()}
-      same = all((t == tokens["ours"]).all() for t in tokens.values())
+      same = all((t == tokens["auto"]).all() for t in tokens.values())
       times = {name: [] for name in VARIANTS}
       for r in range(_REPEATS.value):
         for name in (VARIANTS if r % 2 == 0 else VARIANTS[::-1]):
@@ -96,11 +87,11 @@ def main(argv):
           jax.block_until_ready(fns[name](eng.decode_params, state))
           times[name].append((time.perf_counter() - t0) / N * 1e3)
       ms = {name: statistics.median(t) for name, t in times.items()}
-      change = {name: statistics.median(o - x for o, x in zip(times["ours"], times[name]))
-                for name in ("dot", "loop")}
+      change = {name: statistics.median(o - x for o, x in zip(times["auto"], times[name]))
+                for name in VARIANTS[1:]}
       print(f"{size:5s} batch {B:3d} prompt {P:4d} new {N:4d} cache {eng.max_len:5d}: "
-            f"ours {ms['ours']:7.2f}  dot {ms['dot']:7.2f}  loop {ms['loop']:7.2f} ms/step  "
-            f"ours-dot {change['dot']:+6.2f}  ours-loop {change['loop']:+6.2f} ms  "
+            f"auto {ms['auto']:7.2f}  dot {ms['dot']:7.2f}  blocks {ms['blocks']:7.2f} ms/step  "
+            f"auto-dot {change['dot']:+6.2f}  auto-blocks {change['blocks']:+6.2f} ms  "
             f"same tokens {same}", flush=True)
 
 

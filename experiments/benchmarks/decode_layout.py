@@ -5,7 +5,7 @@ r"""Decode step time of the engine's two decode layouts, per batch size.
 
 `Engine(decode_layout="batch_major")` runs each decode step through
 `qwen3.forward` (hidden state [B, D], weights [in, out], stacked per layer);
-"feature_major" runs `qwen3.decode_step` (hidden state [D, B], per-layer
+"feature_major" runs `decode.decode_step` (hidden state [D, B], per-layer
 weights [out, in]). For each model size and batch the script builds one
 engine per layout on the same random weights (fp32, fp32 cache), prefills the
 same uneven prompts, times `decode` of `--new` tokens per row (medians of

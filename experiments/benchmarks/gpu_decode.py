@@ -45,7 +45,8 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from spade_jax.models import init_params, num_params, qwen3  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import init_params, num_params  # pylint: disable=g-import-not-at-top
+  from spade_jax.models.attention import live_block  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import Engine, SamplingConfig  # pylint: disable=g-import-not-at-top
 
   smoke = _SMOKE.value
@@ -76,7 +77,7 @@ def main(argv):
   prefill, decode, eng = sorted(rounds, key=lambda r: r[1])[len(rounds) // 2]
   cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(eng.state.cache))
   # Decode step i reads the blocks before the write pointer ptr0 + i + 1.
-  blk = qwen3._live_block(eng.max_len)  # pylint: disable=protected-access
+  blk = live_block(eng.max_len)
   ptr0 = eng.ptr - new
   read = np.mean([-(-(ptr0 + i + 1) // blk) * blk for i in range(new)]) / eng.max_len
   step_bytes = param_bytes + cache_bytes * read

@@ -1,27 +1,28 @@
-r"""One prefill chunk with the model's attention vs a one-einsum formulation.
+r"""One prefill chunk with each prefill attention kernel (`ModelConfig.attention`).
 
   python -m experiments.benchmarks.prefill_attention [--models=tiny,50m] \
       [--batch=8] [--chunk=128] [--spans=128,256,512] [--repeats=15]
 
-`qwen3._attention` (used by prefill/extend and training) writes both products
-as batched matmuls over (batch, kv head) with the scores' length axis minor.
-The reference here writes each product as one einsum over the same
-head-major keys ("btkge,bkes->bkgts", "bkgts,bkse->btkge"), which XLA:CPU
-computes as [S, T*G] scores and transposes twice.
+The model's prefill / extend / training attention is chosen by
+`ModelConfig.attention`. The default, "matmul" (`attention.matmul_attention`),
+writes both products as batched matmuls over (batch, kv head) with the scores'
+length axis minor. "einsum" (`attention.einsum_attention`) writes each product
+as one einsum over the same head-major keys ("btkge,bkes->bkgts",
+"bkgts,bkse->btkge"), which XLA:CPU computes as [S, T*G] scores and transposes
+twice.
 
 For each model size and span (cache entries one chunk attends over, the
 chunk being its last `--chunk` of them) the script compiles
-`engine.extend_step` once per formulation on the same random weights and
+`engine.extend_step` once per kernel on the same random weights and
 cache, checks that both give the same logits, then times `--repeats` paired
 calls in alternating order in one process (this machine's drift cancels in
-the paired difference) and prints medians and the median paired change.
+the paired difference) and prints medians and the median paired change
+(matmul - einsum).
 """
-
-# pylint: disable=protected-access  (swaps the model's private attention pieces)
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import statistics
 import time
 
@@ -34,33 +35,19 @@ _BATCH = flags.DEFINE_integer("batch", 8, "Rows in the chunk.")
 _CHUNK = flags.DEFINE_integer("chunk", 128, "Tokens per row in the chunk.")
 _SPANS = flags.DEFINE_list("spans", ["128", "256", "512"], "Cache entries attended.")
 _REPEATS = flags.DEFINE_integer("repeats", 15, "Timed pairs per configuration.")
-
-
-def einsum_attention(q, k, v, mask, cfg):
-  """Reference: q [B, T, H, E], k [B, K, E, S], v [B, K, S, E] as two einsums."""
-  del cfg
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from spade_jax.models import qwen3  # pylint: disable=g-import-not-at-top
-  B, T, H, E = q.shape
-  K = k.shape[1]
-  q = (q * (1.0 / math.sqrt(E))).reshape(B, T, K, H // K, E)
-  scores = jnp.einsum("btkge,bkes->bkgts", q, k, preferred_element_type=jnp.float32)
-  scores = jnp.where(mask[:, None, None, :, :], scores, qwen3._MASK_VALUE)
-  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-  return jnp.einsum("bkgts,bkse->btkge", probs, v).reshape(B, T, H, E)
+# `ModelConfig.attention` names: the reference first, the default second.
+KERNELS = ("einsum", "matmul")
 
 
 def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from spade_jax.models import init_params, qwen3  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import init_params  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import engine as engine_lib  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_platforms", "cpu")
   B, C = _BATCH.value, _CHUNK.value
-  ours = qwen3._attention
   for size in _MODELS.value:
     cfg = model_config(size)
     params = init_params(jax.random.key(0), cfg)
@@ -80,27 +67,23 @@ def main(argv):
       tv, reset = np.ones((B, C), bool), np.zeros(B, bool)
       keys = jax.random.split(jax.random.key(1), B)
       fns = {}
-      try:
-        for name, impl in (("einsum", einsum_attention), ("batched", ours)):
-          qwen3._attention = impl
-          # A new jit per formulation: each traces with the attention set here.
-          fns[name] = jax.jit(lambda p, s: engine_lib.extend_step(
-              p, s, np.int32(ptr), tokens, tv, reset, keys, cfg=cfg, span=span).logits)
-          jax.block_until_ready(fns[name](eng.params, state))
-      finally:
-        qwen3._attention = ours
+      for name in KERNELS:
+        kcfg = dataclasses.replace(cfg, attention=name)
+        fns[name] = jax.jit(lambda p, s, kcfg=kcfg: engine_lib.extend_step(
+            p, s, np.int32(ptr), tokens, tv, reset, keys, cfg=kcfg, span=span).logits)
+        jax.block_until_ready(fns[name](eng.params, state))
       diff = float(np.abs(np.asarray(fns["einsum"](eng.params, state))
-                          - np.asarray(fns["batched"](eng.params, state))).max())
+                          - np.asarray(fns["matmul"](eng.params, state))).max())
       times = {name: [] for name in fns}
       for r in range(_REPEATS.value):
-        for name in (("einsum", "batched") if r % 2 == 0 else ("batched", "einsum")):
+        for name in (KERNELS if r % 2 == 0 else KERNELS[::-1]):
           t0 = time.perf_counter()
           jax.block_until_ready(fns[name](eng.params, state))
           times[name].append((time.perf_counter() - t0) * 1e3)
-      paired = statistics.median(b - e for b, e in zip(times["batched"], times["einsum"]))
-      old, new = statistics.median(times["einsum"]), statistics.median(times["batched"])
+      paired = statistics.median(b - e for b, e in zip(times["matmul"], times["einsum"]))
+      old, new = statistics.median(times["einsum"]), statistics.median(times["matmul"])
       print(f"{size:5s} batch {B} chunk {C} span {span:5d}: einsum {old:8.1f} ms  "
-            f"batched {new:8.1f} ms  paired change {paired:+7.1f} ms "
+            f"matmul {new:8.1f} ms  paired change {paired:+7.1f} ms "
             f"({paired / old * 100:+.0f}%)  max logit diff {diff:.1e}", flush=True)
 
 

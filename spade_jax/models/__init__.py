@@ -1,11 +1,14 @@
 """Qwen3 / Qwen3-MoE decoder models, presets, HF interop and vocabularies."""
 
 from spade_jax.models.config import ModelConfig, PRESETS, get_preset, preset_key
+from spade_jax.models.attention import (ATTENTION, DECODE_ATTENTION, DECODE_BLOCK,
+                                        KEY_CACHE_AXES, VALUE_CACHE_AXES, cache_shapes,
+                                        init_cache)
 from spade_jax.models.moe import load_balancing_loss
-from spade_jax.models.qwen3 import (forward, init_cache, init_params,
-                                    layer_segments, logits_from_hidden,
-                                    num_params, param_axes, param_shapes,
-                                    segment_mask, token_logprobs)
+from spade_jax.models.qwen3 import (Params, forward, init_params, layer_segments,
+                                    logits_from_hidden, num_params, param_axes,
+                                    param_shapes, segment_mask, token_logprobs)
+from spade_jax.models.decode import decode_params, decode_step
 from spade_jax.models.vocab import ByteVocab
 from spade_jax.models.chat import ChatTemplate
 from spade_jax.models.hf import (config_from_hf, config_to_hf, copy_tokenizer_files,

@@ -1,8 +1,10 @@
 """Model hyperparameters and presets.
 
 `ModelConfig` is frozen and hashable so it can be a static argument of jitted
-functions. Presets are looked up by name with `get_preset`; the Qwen3 presets
-carry the published Hugging Face dimensions.
+functions. Its string choices (attention kernels, remat policy, MoE kernel)
+are names in registries, checked when the config is built. Presets are
+looked up by name with `get_preset`; the Qwen3 presets carry the published
+Hugging Face dimensions.
 """
 
 from __future__ import annotations
@@ -11,8 +13,13 @@ import dataclasses
 
 import jax.numpy as jnp
 
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-MOE_IMPLS = ("auto", "ragged", "blocked")
+from spade_jax.models.attention import ATTENTION, DECODE_ATTENTION
+from spade_jax.registry import Registry, names
+
+REMAT_POLICIES = names("none", "full", "dots", "dots_no_batch", kind="remat policy",
+                       field="model.remat")
+MOE_IMPLS = names("auto", "ragged", "blocked", kind="MoE implementation",
+                  field="model.moe_impl")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +54,14 @@ class ModelConfig:
       "full", "dots" (save matmul outputs) or "dots_no_batch".
     scan_layers: apply layers with `lax.scan` (compile time independent of
       depth); False unrolls them in Python.
+    attention: prefill / train attention kernel, a name in
+      `attention.ATTENTION`: "matmul" (batched matmuls over (batch, kv head);
+      the default) or "einsum" (one einsum per product, its reference).
+    decode_attention: decode-step attention kernel, a name in
+      `attention.DECODE_ATTENTION`: "auto" (on CPU small caches read whole
+      with sum-of-products scores, larger ones walked block by block;
+      elsewhere the block walk), "blocks" (the block walk for every cache
+      longer than one block) or "dot" (as "auto" with dot-product scores).
   """
 
   vocab_size: int = 259
@@ -71,6 +86,8 @@ class ModelConfig:
   compute_dtype: str = "float32"
   remat: str = "none"
   scan_layers: bool = True
+  attention: str = "matmul"
+  decode_attention: str = "auto"
 
   def __post_init__(self):
     # Config files may hand lists; keep the dataclass hashable.
@@ -82,10 +99,10 @@ class ModelConfig:
           f"num_kv_heads={self.num_kv_heads} for grouped-query attention.")
     if self.head_dim % 2:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE.")
-    if self.remat not in REMAT_POLICIES:
-      raise ValueError(f"remat={self.remat!r}; expected one of {REMAT_POLICIES}.")
-    if self.moe_impl not in MOE_IMPLS:
-      raise ValueError(f"moe_impl={self.moe_impl!r}; expected one of {MOE_IMPLS}.")
+    REMAT_POLICIES.check(self.remat)
+    MOE_IMPLS.check(self.moe_impl)
+    ATTENTION.check(self.attention)
+    DECODE_ATTENTION.check(self.decode_attention)
     if self.num_experts < 0 or self.decoder_sparse_step < 1:
       raise ValueError(f"num_experts={self.num_experts} must be >= 0 and "
                        f"decoder_sparse_step={self.decoder_sparse_step} >= 1.")
@@ -140,7 +157,7 @@ _Q3_30B_A3B = dict(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4,
 _Q3_4B = dict(d_model=2560, num_layers=36, num_heads=32, num_kv_heads=8,
               mlp_dim=9728, tie_embeddings=True)
 
-PRESETS: dict[str, ModelConfig] = {
+PRESETS: Registry[ModelConfig] = Registry("model preset", {
     # Byte-level vocabulary (seqio.ByteVocabulary: 3 specials + 256 bytes).
     "tiny": ModelConfig(),
     "small": ModelConfig(d_model=256, num_layers=4, num_heads=8, num_kv_heads=4,
@@ -165,7 +182,7 @@ PRESETS: dict[str, ModelConfig] = {
                                      max_position_embeddings=262144),
     "qwen3_30b_a3b_instruct_2507": _qwen3(**_Q3_30B_A3B, rope_theta=10_000_000.0,
                                           max_position_embeddings=262144),
-}
+})
 
 
 def preset_key(name: str) -> str:
@@ -177,6 +194,5 @@ def get_preset(name: str, **overrides) -> ModelConfig:
   """Returns the preset `name` (HF-style names accepted), with field overrides."""
   key = preset_key(name)
   if key not in PRESETS:
-    raise ValueError(f"Unknown model preset {name!r}; valid presets: "
-                     f"{sorted(PRESETS)}.")
+    raise PRESETS.error(name)  # names what was asked for, not its normalised key
   return dataclasses.replace(PRESETS[key], **overrides)

@@ -30,11 +30,12 @@ An extend attends only over the cache prefix that can hold live entries (the
 write pointer rounded up to a power of two); a decode step walks the cache in
 blocks up to the write pointer (a loop with a dynamic trip count, online
 softmax), so both cost what the live prefix costs, not the cache length. (On
-CPU a decode step reads small caches whole: see `qwen3._decode_attention`.)
+CPU a decode step reads small caches whole: see `attention.decode_attention`;
+`ModelConfig.decode_attention` chooses.)
 Keys are cached length-last ([B, K, E, S]), values [B, K, S, E].
 
 On one CPU device with 2+ slots, decode steps run feature-major
-(`qwen3.decode_step`: hidden state [D, B], per-layer weights [out, in], from
+(`decode.decode_step`: hidden state [D, B], per-layer weights [out, in], from
 a second copy of the weights made by `set_params`); elsewhere they run
 `qwen3.forward`. Both give the same tokens (`decode_layout=` chooses).
 Compiled programs: one extend per (chunk-length bucket, span), one decode per
@@ -55,20 +56,18 @@ from jax.sharding import Mesh, NamedSharding
 import numpy as np
 
 from spade_jax import parallel
-from spade_jax.models import (ModelConfig, forward, init_cache, logits_from_hidden,
-                              param_axes, param_shapes)
-from spade_jax.models.qwen3 import (DECODE_BLOCK, KEY_CACHE_AXES, VALUE_CACHE_AXES,
-                                   cache_shapes, decode_params, decode_step)
+from spade_jax.models import (DECODE_BLOCK, KEY_CACHE_AXES, VALUE_CACHE_AXES, ModelConfig,
+                              cache_shapes, decode_params, decode_step, forward, init_cache,
+                              logits_from_hidden, param_axes, param_shapes)
 from spade_jax.sampling.rules import SamplingConfig, draw, is_stop
 
 # Logical axes of the stacked key / value caches; per-layer buffers drop "layers".
 CACHE_AXES = {"k": KEY_CACHE_AXES, "v": VALUE_CACHE_AXES}
 # Slots from which "auto" picks the feature-major decode step on CPU. Its
-# steps are faster at every batch (`experiments/benchmarks/decode_layout.py`),
-# but every engine first makes the weight copy, which one-row `generate` calls
-# do not win back (sampler benchmark, tiny, 1 x 128 tokens, two runs: 669 tok/s
-# batch-major, 453 feature-major, when the copy was made with eager ops;
-# `decode_layout.py` prints each layout's engine start).
+# steps are faster at every batch, but every engine first makes the weight
+# copy, which one-row `generate` calls do not win back (see
+# experiments/benchmarks/decode_layout.py, which prints each layout's step
+# time and engine start, and experiments/benchmarks/sampler.py).
 FEATURE_MAJOR_MIN_SLOTS = 2
 
 
@@ -153,7 +152,7 @@ def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish,
 
   Args:
     params: model parameters, or with `feature_major` the
-      `qwen3.decode_params` layout (each step then runs `qwen3.decode_step`).
+      `decode.decode_params` layout (each step then runs `decode.decode_step`).
     state: current state; active rows' `logits` must be fresh.
     ptr: scalar write index of the first step.
     active: [B] bool rows to decode.
@@ -256,7 +255,7 @@ class Engine:
     prefill_chunk: longest piece (a power of two) one extend program takes;
       longer chunks are appended in pieces, each attending only over the cache
       so far. Default 128 on CPU, 1024 elsewhere.
-    decode_layout: "feature_major" (decode steps run `qwen3.decode_step` on a
+    decode_layout: "feature_major" (decode steps run `decode.decode_step` on a
       second copy of the weights in [out, in] layout, kept in step with
       `set_params`; faster matrix products on CPU from a few rows up),
       "batch_major" (decode runs `forward`; no second copy) or "auto"

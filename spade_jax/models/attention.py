@@ -1,0 +1,314 @@
+"""Attention kernels and the KV-cache layout.
+
+Two kernel registries, chosen by name in `ModelConfig`:
+
+- `ATTENTION` (`ModelConfig.attention`): prefill / extend / training
+  attention over any number of queries, q [B, T, H, E] against keys
+  [B, K, E, S] and values [B, K, S, E] -> [B, T, H, E].
+- `DECODE_ATTENTION` (`ModelConfig.decode_attention`): one query per row over
+  the live prefix of a cache, q [B, 1, H, E] -> [B, 1, H, E].
+
+Each registry's default is the kernel the model has always used; the others
+are the alternatives it was measured against, kept so the benchmarks
+(`experiments/benchmarks/prefill_attention.py`, `decode_attention.py`) select
+them by config.
+
+The cache is head-major: keys [B, K, E, S] (length last), values [B, K, S, E],
+per layer or stacked on a leading layer axis. Attention then batches over
+(B, K) without transposing the cache, and a decode step's query-key product is
+[G, E] x [E, S].
+
+This module depends on no other model module, so the decoder (`qwen3`) and the
+feature-major decode step (`decode`) both import it.
+
+Einsum letters: B batch, T query length, S key length, H query heads, K kv
+heads, G query heads per kv head, E head_dim, L layers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from spade_jax.registry import Registry
+
+if TYPE_CHECKING:  # annotations only: config.py imports this module
+  from spade_jax.models.config import ModelConfig
+
+# Large negative used instead of -inf so fully masked rows stay finite.
+MASK_VALUE = -1e30
+
+# -- Prefill / train attention ------------------------------------------------
+
+# name -> fn(q [B, T, H, E], k [B, K, E, S], v [B, K, S, E], mask [B, T, S] bool)
+#   -> [B, T, H, E].
+ATTENTION: Registry[Callable[..., jax.Array]] = Registry(
+    "attention implementation", field="model.attention")
+
+
+def _scaled_queries(q: jax.Array) -> jax.Array:
+  """q / sqrt(E), kept in q's dtype."""
+  return q * jnp.asarray(1.0 / math.sqrt(q.shape[-1]), q.dtype)
+
+
+def _cpu_score_operands(q: jax.Array, k: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """q, k as float32 on CPU when they are not: XLA:CPU has no bf16 x bf16 -> f32
+  product against length-last keys."""
+  if q.dtype != jnp.float32 and jax.default_backend() == "cpu":
+    return q.astype(jnp.float32), k.astype(jnp.float32)
+  return q, k
+
+
+@ATTENTION.register("matmul")
+def matmul_attention(q, k, v, mask):
+  """Both products as batched matmuls over (B, K) (the default).
+
+  q: [B, T, H, E]; k: [B, K, E, S]; v: [B, K, S, E]; mask: [B, T, S] bool
+  -> [B, T, H, E].
+
+  Keys and values are head-major (the KV cache layout), so both products are
+  plain batched matmuls over (B, K): [T*G, E] x [E, S] for the scores and
+  [T*G, S] x [S, E] for the output, with the scores' length axis minor for
+  the softmax. Only the (small) queries and outputs are transposed. Written
+  as one einsum per product (`einsum_attention`), XLA:CPU computes the scores
+  as [S, T*G] and transposes the whole score tensor twice, which is slower
+  (see experiments/benchmarks/prefill_attention.py).
+  """
+  B, T, H, E = q.shape
+  K, S = k.shape[1], k.shape[3]
+  G = H // K
+  q = _scaled_queries(q).reshape(B, T, K, G, E)
+  q = jnp.transpose(q, (0, 2, 1, 3, 4)).reshape(B, K, T * G, E)
+  q, k = _cpu_score_operands(q, k)
+  dims = (((3,), (2,)), ((0, 1), (0, 1)))  # contract E / S, batch over (B, K)
+  scores = jax.lax.dot_general(q, k, dims, preferred_element_type=jnp.float32)
+  scores = scores.reshape(B, K, T, G, S)
+  scores = jnp.where(mask[:, None, :, None, :], scores, MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype).reshape(B, K, T * G, S)
+  out = jax.lax.dot_general(probs, v, dims)  # [B, K, T*G, E]
+  out = jnp.transpose(out.reshape(B, K, T, G, E), (0, 2, 1, 3, 4))
+  return out.reshape(B, T, H, E)
+
+
+@ATTENTION.register("einsum")
+def einsum_attention(q, k, v, mask):
+  """Each product as one einsum over the same head-major keys and values.
+
+  Shapes as `matmul_attention`. The straightforward formulation, kept as
+  `matmul_attention`'s reference: XLA lays out the products itself.
+  """
+  B, T, H, E = q.shape
+  K = k.shape[1]
+  q = _scaled_queries(q).reshape(B, T, K, H // K, E)
+  q, k = _cpu_score_operands(q, k)
+  scores = jnp.einsum("btkge,bkes->bkgts", q, k, preferred_element_type=jnp.float32)
+  scores = jnp.where(mask[:, None, None, :, :], scores, MASK_VALUE)
+  probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+  return jnp.einsum("bkgts,bkse->btkge", probs, v).reshape(B, T, H, E)
+
+
+# -- Decode attention ---------------------------------------------------------
+
+# Largest cache block one decode-attention iteration reads; engines round long
+# caches up to a multiple of it.
+DECODE_BLOCK = 256
+
+# On CPU, caches of up to this many entries whose keys and values take at most
+# CPU_DECODE_WHOLE_BYTES per layer are read whole by an "auto" decode step (no
+# block loop); see `decode_attention`.
+CPU_DECODE_WHOLE_MAX = 1024
+CPU_DECODE_WHOLE_BYTES = 4 << 20
+
+# name -> fn(q [B, 1, H, E], k [B, K, E, S], v [B, K, S, E], mask [B, 1, S] bool,
+#   live_len scalar) -> [B, 1, H, E] float32.
+DECODE_ATTENTION: Registry[Callable[..., jax.Array]] = Registry(
+    "decode attention implementation", field="model.decode_attention")
+
+
+def live_block(S: int, most: int = DECODE_BLOCK) -> int:
+  """The decode block size: S itself up to `most`, else the largest power of
+  two <= `most` dividing S."""
+  if S <= most:
+    return S
+  b = most
+  while S % b:
+    b //= 2
+  return b
+
+
+def _sum_scores(q, k):
+  """q [B, K, G, E] x keys [B, K, E, S] -> scores [B, K, G, S] as a sum of E
+  broadcast products: one loop fusion, vectorised along S."""
+  return sum(q[:, :, :, e, None] * k[:, :, None, e, :] for e in range(q.shape[-1]))
+
+
+def decode_attention(q, k, v, mask, live_len, *, read_whole: bool, dot_scores: bool):
+  """One query per row over the live blocks of the cache only.
+
+  The registered decode kernels are this function with the two choices made.
+
+  A cache of one block (S <= DECODE_BLOCK), or any cache when `read_whole`, is
+  read whole without a loop. While a layer's cache is small, the loop's block
+  copies cost more than reading the entries past the live prefix; for large
+  caches the loop wins (see experiments/benchmarks/decode_attention.py). A
+  whole read's scores are one dot ([G, E] x [E, S] per (B, K)) with
+  `dot_scores`, else a sum of E broadcast products (`_sum_scores`): XLA:CPU
+  runs the dot as B*K products with only G = H/K rows each, and the
+  sum, one loop fusion along the length axis, is faster there.
+
+  Longer caches are walked by a `fori_loop` with a dynamic trip count over
+  blocks, with an online softmax, so a step costs what the live prefix
+  costs, with no recompiles as it grows. There the probs @ V product is a
+  fused multiply-reduce: as a dot on a block slice, XLA:CPU runs it as B*K
+  tiny transposed matmuls, which is slower.
+
+  Args:
+    q: [B, 1, H, E].
+    k: keys [B, K, E, S].
+    v: values [B, K, S, E].
+    mask: [B, 1, S] bool.
+    live_len: scalar; no entry at or after it is visible in any row.
+    read_whole: read the whole cache even when it is longer than one block.
+    dot_scores: a whole read's scores as a dot rather than a sum of products.
+
+  Returns:
+    [B, 1, H, E] float32.
+  """
+  B, _, H, E = q.shape
+  K, S = k.shape[1], k.shape[3]
+  G = H // K
+  blk = S if read_whole else live_block(S)
+  q = (q[:, 0].astype(jnp.float32) / math.sqrt(E)).reshape(B, K, G, E)
+  if blk == S:
+    kf = k.astype(jnp.float32)
+    s = jnp.einsum("bkge,bkes->bkgs", q, kf) if dot_scores else _sum_scores(q, kf)
+    s = jnp.where(mask[:, :, None, :], s, MASK_VALUE)
+    p = jax.nn.softmax(s, axis=-1)
+    out = jnp.einsum("bkgs,bkse->bkge", p, v.astype(jnp.float32))
+    return out.reshape(B, 1, H, E)
+  m0 = jnp.full((B, K, G), MASK_VALUE, jnp.float32)
+  l0 = jnp.zeros((B, K, G), jnp.float32)
+  a0 = jnp.zeros((B, K, G, E), jnp.float32)
+
+  def body(j, carry):
+    m, l, acc = carry
+    kb = jax.lax.dynamic_slice_in_dim(k, j * blk, blk, axis=3).astype(jnp.float32)
+    vb = jax.lax.dynamic_slice_in_dim(v, j * blk, blk, axis=2).astype(jnp.float32)
+    mb = jax.lax.dynamic_slice_in_dim(mask[:, 0], j * blk, blk, axis=1)[:, None, None, :]
+    s = jnp.einsum("bkge,bkes->bkgs", q, kb)
+    s = jnp.where(mb, s, MASK_VALUE)
+    m_new = jnp.maximum(m, s.max(-1))
+    p = jnp.where(mb, jnp.exp(s - m_new[..., None]), 0.0)
+    corr = jnp.exp(m - m_new)
+    l = l * corr + p.sum(-1)
+    acc = acc * corr[..., None] + jnp.sum(p[..., None] * vb[:, :, None], axis=3)
+    return m_new, l, acc
+
+  n = (live_len + blk - 1) // blk
+  _, l, acc = jax.lax.fori_loop(0, n, body, (m0, l0, a0))
+  out = acc / jnp.maximum(l, 1e-30)[..., None]
+  return out.reshape(B, 1, H, E)
+
+
+def _on_cpu() -> bool:
+  return jax.default_backend() == "cpu"
+
+
+def _small_cache(k, v) -> bool:
+  """Whether a layer's cache is small enough for a CPU step to read whole."""
+  nbytes = k.size * k.dtype.itemsize + v.size * v.dtype.itemsize
+  return k.shape[3] <= CPU_DECODE_WHOLE_MAX and nbytes <= CPU_DECODE_WHOLE_BYTES
+
+
+@DECODE_ATTENTION.register("auto")
+def auto_decode_attention(q, k, v, mask, live_len):
+  """The default. On CPU: small caches (`CPU_DECODE_WHOLE_MAX` entries,
+  `CPU_DECODE_WHOLE_BYTES`) read whole with sum-of-products scores, larger ones
+  walked block by block. Elsewhere: the block walk, with dot scores when the
+  cache is one block."""
+  cpu = _on_cpu()
+  return decode_attention(q, k, v, mask, live_len, read_whole=cpu and _small_cache(k, v),
+                          dot_scores=not cpu)
+
+
+@DECODE_ATTENTION.register("blocks")
+def blocks_decode_attention(q, k, v, mask, live_len):
+  """The block walk for every cache longer than one block (`DECODE_BLOCK`),
+  on every backend; scores of a one-block cache as in "auto"."""
+  return decode_attention(q, k, v, mask, live_len, read_whole=False,
+                          dot_scores=not _on_cpu())
+
+
+@DECODE_ATTENTION.register("dot")
+def dot_decode_attention(q, k, v, mask, live_len):
+  """As "auto", but a whole read's scores are one dot product on every backend
+  (on CPU instead of the sum of products)."""
+  return decode_attention(q, k, v, mask, live_len,
+                          read_whole=_on_cpu() and _small_cache(k, v), dot_scores=True)
+
+
+# -- KV cache -----------------------------------------------------------------
+
+# Logical axes of the cache buffers (per-layer buffers drop "layers"). Keys
+# keep the length axis last: a decode step's query-key products then run as
+# [G, E] x [E, S] matrix products (faster on CPU than against [S, E] keys),
+# and values keep it second to last for the probs x values sum.
+KEY_CACHE_AXES = ("layers", "batch", "kv_heads", "head_dim", "length")
+VALUE_CACHE_AXES = ("layers", "batch", "kv_heads", "length", "head_dim")
+
+
+def cache_shapes(cfg: ModelConfig, batch: int, length: int,
+                 per_layer: bool = False) -> dict[str, tuple[int, ...]]:
+  """Shapes of one key and one value buffer (stacked unless `per_layer`)."""
+  K, E = cfg.num_kv_heads, cfg.head_dim
+  lead = (batch,) if per_layer else (cfg.num_layers, batch)
+  return {"k": lead + (K, E, length), "v": lead + (K, length, E)}
+
+
+def init_cache(cfg: ModelConfig, batch: int, length: int,
+               dtype: str | None = None, per_layer: bool = False) -> dict[str, Any]:
+  """Zero KV cache {"k", "v"}: keys [L, B, K, E, S], values [L, B, K, S, E];
+  with `per_layer` tuples of L buffers without the leading axis (no layer
+  slice is copied to read one; `forward` then runs the layers unrolled)."""
+  dt = jnp.dtype(dtype or cfg.compute_dtype)
+  shapes = cache_shapes(cfg, batch, length, per_layer)
+  if per_layer:
+    return {n: tuple(jnp.zeros(shapes[n], dt) for _ in range(cfg.num_layers))
+            for n in ("k", "v")}
+  return {n: jnp.zeros(shapes[n], dt) for n in ("k", "v")}
+
+
+def write_cache(cache_kv, k, v, cache_index):
+  """Writes a chunk's keys [B, K, E, T] and values [B, K, T, E] into one layer.
+
+  Args:
+    cache_kv: (k_all, v_all, layer): stacked caches, keys [L, B, K, E, S] and
+      values [L, B, K, S, E] (layer may be traced), or tuples of L per-layer
+      buffers [B, K, E, S] / [B, K, S, E] (layer a Python int).
+    k: keys [B, K, E, T].
+    v: values [B, K, T, E].
+    cache_index: scalar index along S of the chunk's first entry.
+
+  Returns:
+    (that layer's keys [B, K, E, S], its values [B, K, S, E], the updated
+    (k_all, v_all)).
+  """
+  ck_all, cv_all, layer = cache_kv
+  if isinstance(ck_all, tuple):  # per-layer buffers: no layer slice to copy
+    ck = jax.lax.dynamic_update_slice(ck_all[layer], k.astype(ck_all[layer].dtype),
+                                      (0, 0, 0, cache_index))
+    cv = jax.lax.dynamic_update_slice(cv_all[layer], v.astype(cv_all[layer].dtype),
+                                      (0, 0, cache_index, 0))
+    ck_all = ck_all[:layer] + (ck,) + ck_all[layer + 1:]
+    cv_all = cv_all[:layer] + (cv,) + cv_all[layer + 1:]
+    return ck, cv, (ck_all, cv_all)
+  ck_all = jax.lax.dynamic_update_slice(ck_all, k.astype(ck_all.dtype)[None],
+                                        (layer, 0, 0, 0, cache_index))
+  cv_all = jax.lax.dynamic_update_slice(cv_all, v.astype(cv_all.dtype)[None],
+                                        (layer, 0, 0, cache_index, 0))
+  ck = jax.lax.dynamic_index_in_dim(ck_all, layer, 0, keepdims=False)
+  cv = jax.lax.dynamic_index_in_dim(cv_all, layer, 0, keepdims=False)
+  return ck, cv, (ck_all, cv_all)

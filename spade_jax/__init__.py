@@ -3,9 +3,9 @@
 Importing the package sets one XLA:CPU default before JAX starts its backend:
 `--xla_cpu_enable_concurrency_optimized_scheduler=false`. The concurrency
 scheduler runs independent small ops side by side, which on a few cores
-doubles the time of a decode step (measured: 4-layer decode step 6.1 ms ->
-2.8 ms on 2 cores). It only touches the CPU backend; set the flag yourself in
-XLA_FLAGS to override it, or SPADE_JAX_XLA_DEFAULTS=0 to leave XLA_FLAGS alone.
+doubles the time of a decode step (figures in experiments/benchmarks/RESULTS.md).
+It only touches the CPU backend; set the flag yourself in XLA_FLAGS to override
+it, or SPADE_JAX_XLA_DEFAULTS=0 to leave XLA_FLAGS alone.
 """
 
 import os as _os

@@ -42,12 +42,15 @@ class Setting:
     interaction: how the agent's turn text reaches ``step`` (told to the designer).
     agent_rules: how the agent must act (told to the agent).
     action_mode: sandbox action mode: how a turn's text becomes ``step``'s argument.
+    doc_words: grounding documents are cut to this many words in the designer prompt
+      (reference: 6,000 for games, 4,000 for tool use).
   """
   name: str
   skills: dict[str, str]
   interaction: str
   agent_rules: str
   action_mode: str
+  doc_words: int
 
 
 _GAMES = Setting(
@@ -84,6 +87,7 @@ _GAMES = Setting(
         "Each turn, reason briefly, then give exactly one action as \\boxed{ACTION}. Only "
         "the last \\boxed{...} in your message is sent to the environment, verbatim."),
     action_mode="auto",
+    doc_words=6000,
 )
 
 _TOOL_USE = Setting(
@@ -128,6 +132,7 @@ _TOOL_USE = Setting(
         "JSON. Read the tool results carefully. When the task is done, call "
         f"`{FINAL_ANSWER_TOOL}` with your answer; that ends the episode."),
     action_mode="tool_call",
+    doc_words=4000,
 )
 
 SETTINGS: Registry[Setting] = Registry("setting", {s.name: s for s in (_GAMES, _TOOL_USE)},

@@ -83,3 +83,44 @@ def load_tokenizer(directory: str) -> HFTokenizer | None:
   if os.path.isfile(os.path.join(directory, "tokenizer.json")):
     return HFTokenizer(directory)
   return None
+
+
+# Qwen3's added tokens: chat markup, thinking and tool-call tags.
+QWEN3_ADDED_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>",
+                      "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+
+def train_bpe(texts: Sequence[str], vocab_size: int, directory: str,
+              added_tokens: Sequence[str] = QWEN3_ADDED_TOKENS) -> HFTokenizer:
+  """Trains a byte-level BPE vocabulary offline and writes it as Hugging Face files.
+
+  The result has the shape of a Qwen3 tokenizer: byte-level pre-tokenisation (every
+  string encodes), Qwen3's chat and tool tags as single added tokens, ``<|im_end|>`` as
+  the end of a turn and ``<|endoftext|>`` as padding.
+
+  Args:
+    texts: training text; the same texts give the same vocabulary.
+    vocab_size: total ids, added tokens and the 256 byte symbols included.
+    directory: where ``tokenizer.json`` and ``tokenizer_config.json`` are written.
+    added_tokens: tokens kept whole (the first is padding, the third the turn end).
+
+  Returns:
+    The tokenizer, loaded from the written files.
+  """
+  import tokenizers  # pylint: disable=g-import-not-at-top  (optional dependency)
+  if vocab_size < 256 + len(added_tokens) + 1:
+    raise ValueError(f"vocab_size={vocab_size} leaves no room for merges: it must exceed "
+                     f"the 256 byte symbols plus {len(added_tokens)} added tokens.")
+  tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = tokenizers.decoders.ByteLevel()
+  trainer = tokenizers.trainers.BpeTrainer(
+      vocab_size=vocab_size, special_tokens=list(added_tokens), show_progress=False,
+      initial_alphabet=tokenizers.pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(list(texts), trainer)
+  os.makedirs(directory, exist_ok=True)
+  tok.save(os.path.join(directory, "tokenizer.json"))
+  with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+    json.dump({"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+               "model_max_length": 32768, "tokenizer_class": "Qwen2TokenizerFast"}, f, indent=1)
+  return HFTokenizer(directory)

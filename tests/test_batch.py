@@ -1,4 +1,4 @@
-"""GRPO batch layout: first-fit packing, segments, positions, per-token fields."""
+"""GRPO batch layout: first-fit packing, overflow batches, segments, per-token fields."""
 
 import jax
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from spade_jax import parallel
 from spade_jax.models import get_preset
 from spade_jax.rl import LossConfig, OptimizerConfig, TrainConfig, Trainer
-from spade_jax.selfplay.batch import Row, build_batch, first_fit
+from spade_jax.selfplay.batch import Row, build_batches
 
 
 def _row(n, adv=0.5, role="agent", start=10):
@@ -15,41 +15,73 @@ def _row(n, adv=0.5, role="agent", start=10):
              [-0.1 * i for i in range(n)], adv, role)
 
 
-def test_first_fit_decreasing():
-  assert first_fit([3, 5, 4, 2], num_bins=2, capacity=8) == [0, 0, 1, 1]
-  assert first_fit([9, 2], num_bins=3, capacity=8) == [-1, 0]
-
-
 def test_packed_layout():
   rows = [_row(5, 1.0, "designer"), _row(7, -2.0), _row(3, 0.25), _row(6, 3.0)]
-  out, stats = build_batch(rows, batch_size=3, seq_len=8, pad_id=0)
+  (out,), stats = build_batches(rows, batch_size=3, seq_len=8, pad_id=0)
   assert all(v.shape == (3, 8) for v in out.values())
-  # Longest first: 7 -> row 0, 6 -> row 1, 5 -> row 2, 3 -> row 2 after the 5.
-  np.testing.assert_array_equal(out["segment_ids"], [[1] * 7 + [0], [1] * 6 + [0, 0],
-                                                     [1] * 5 + [2] * 3])
-  np.testing.assert_array_equal(out["positions"][2], [0, 1, 2, 3, 4, 0, 1, 2])
-  np.testing.assert_array_equal(out["tokens"][2], [10, 11, 12, 13, 14, 10, 11, 12])
-  np.testing.assert_array_equal(out["advantages"][2], [1.0] * 5 + [0.25] * 3)
-  np.testing.assert_array_equal(out["role"][2], [0] * 5 + [1] * 3)
-  np.testing.assert_allclose(out["old_logps"][2, 5:], [0.0, -0.1, -0.2], atol=1e-7)
+  # First fit in input order: 5 -> row 0, 7 -> row 1, 3 -> row 0 after the 5,
+  # 6 -> row 2.
+  np.testing.assert_array_equal(out["segment_ids"], [[1] * 5 + [2] * 3, [1] * 7 + [0],
+                                                     [1] * 6 + [0, 0]])
+  np.testing.assert_array_equal(out["positions"][0], [0, 1, 2, 3, 4, 0, 1, 2])
+  np.testing.assert_array_equal(out["tokens"][0], [10, 11, 12, 13, 14, 10, 11, 12])
+  np.testing.assert_array_equal(out["advantages"][0], [1.0] * 5 + [0.25] * 3)
+  np.testing.assert_array_equal(out["role"][0], [0] * 5 + [1] * 3)
+  np.testing.assert_allclose(out["sampler_logps"][0, 5:], [0.0, -0.1, -0.2], atol=1e-7)
   # Segment starts are never trained on; padding never is.
-  assert not out["loss_mask"][2, 0] and not out["loss_mask"][2, 5]
-  np.testing.assert_array_equal(out["loss_mask"][2, 5:], [False, True, True])
+  assert not out["loss_mask"][0, 0] and not out["loss_mask"][0, 5]
+  np.testing.assert_array_equal(out["loss_mask"][0, 5:], [False, True, True])
   assert not out["loss_mask"][out["segment_ids"] == 0].any()
-  assert stats["batch/rows"] == 4 and stats["batch/dropped_rows"] == 0
+  assert stats["batch/rows"] == 4 and stats["batch/batches"] == 1
+  assert "batch/dropped_rows" not in stats
   assert stats["batch/rows_used"] == 3 and stats["batch/designer_rows"] == 1
+  assert stats["batch/agent_rows"] == 3
   assert stats["batch/packing_efficiency"] == pytest.approx(21 / 24)
   assert stats["batch/loss_tokens"] == out["loss_mask"].sum()
 
 
-def test_unpacked_layout_cut_and_dropped():
+def test_overflow_goes_to_further_batches_never_dropped():
+  """4 long + 8 short sequences that one [2, 64] batch cannot hold: all kept."""
+  lengths = [50, 45, 55, 40, 10, 8, 12, 6, 9, 14, 7, 11]
+  rows = [_row(n, float(i), "designer" if i < 2 else "agent", start=i)
+          for i, n in enumerate(lengths)]
+  batches, stats = build_batches(rows, batch_size=2, seq_len=64)
+  # First fit over all rows opened so far, in input order: 50 -> r0, 45 -> r1,
+  # 55 -> r2, 40 -> r3, 10 -> r0, 8 -> r1, 12 -> r3, 6 -> r1, 9 -> r2, 14 -> r4
+  # (fits nowhere), 7 -> r3, 11 -> r4. Rows r0..r4 make 3 batches of 2 rows.
+  assert len(batches) == 3 and stats["batch/batches"] == 3
+  assert all(v.shape == (2, 64) for b in batches for v in b.values())
+  seg = np.concatenate([b["segment_ids"] for b in batches])
+  assert [int(s.max()) for s in seg] == [2, 3, 2, 3, 2, 0]
+  adv = np.concatenate([b["advantages"] for b in batches])
+  np.testing.assert_array_equal(adv[4, :14], 9.0)      # the 14-token row
+  np.testing.assert_array_equal(adv[4, 14:25], 11.0)   # then the 11-token row
+  # Every sequence is there exactly once, with all its tokens.
+  assert (seg > 0).sum() == sum(lengths)
+  assert stats["batch/rows"] == 12 and stats["batch/rows_used"] == 5
+  assert stats["batch/cut_tokens"] == 0
+  assert stats["batch/designer_rows"] == 2 and stats["batch/agent_rows"] == 10
+  assert stats["batch/packing_efficiency"] == pytest.approx(sum(lengths) / (3 * 2 * 64))
+  assert stats["batch/loss_tokens"] == sum(b["loss_mask"].sum() for b in batches)
+
+
+def test_unpacked_layout_cut_never_dropped():
   rows = [_row(5), _row(12), _row(3)]
-  out, stats = build_batch(rows, batch_size=2, seq_len=8, pack=False)
-  np.testing.assert_array_equal(out["segment_ids"].max(axis=1), [1, 1])
-  assert stats["batch/cut_tokens"] == 4 and stats["batch/dropped_rows"] == 1
-  packed, pstats = build_batch(rows, batch_size=2, seq_len=8)
-  assert pstats["batch/dropped_rows"] == 0  # 5 + 3 share a row
+  batches, stats = build_batches(rows, batch_size=2, seq_len=8, pack=False)
+  assert len(batches) == 2 and stats["batch/rows"] == 3
+  np.testing.assert_array_equal(batches[0]["segment_ids"].max(axis=1), [1, 1])
+  np.testing.assert_array_equal(batches[1]["segment_ids"].max(axis=1), [1, 0])
+  np.testing.assert_array_equal(batches[0]["tokens"][1], range(10, 18))  # cut, kept
+  assert stats["batch/cut_tokens"] == 4
+  packed, pstats = build_batches(rows, batch_size=2, seq_len=8)
+  assert len(packed) == 1  # 5 + 3 share a row
   assert pstats["batch/packing_efficiency"] == 1.0
+
+
+def test_no_rows_gives_one_padding_batch():
+  batches, stats = build_batches([], batch_size=2, seq_len=8)
+  assert len(batches) == 1 and not batches[0]["loss_mask"].any()
+  assert stats["batch/rows"] == 0 and stats["batch/loss_tokens"] == 0
 
 
 def test_bad_row_raises():
@@ -72,7 +104,7 @@ def test_packed_update_equals_one_sequence_per_row():
   opt = OptimizerConfig(name="sgd", learning_rate=1.0, grad_clip=0.0)
   results = []
   for b, t, pack in ((8, 32, False), (4, 64, True)):
-    batch, stats = build_batch(rows, b, t, pack=pack)
+    (batch,), stats = build_batches(rows, b, t, pack=pack)
     assert stats["batch/rows"] == 8
     tr = Trainer(cfg, TrainConfig(b, t, logprob_chunk=16), loss, opt, mesh,
                  parallel.RULE_SETS["fsdp"])
@@ -83,3 +115,39 @@ def test_packed_update_equals_one_sequence_per_row():
     np.testing.assert_allclose(m2[k], m1[k], rtol=1e-5, err_msg=k)
   for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(p1)):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+@pytest.mark.parametrize("opt", [
+    OptimizerConfig(name="sgd", learning_rate=1.0, grad_clip=0.0),  # params move by the raw gradient
+    OptimizerConfig(),  # the reference AdamW recipe (lr 1e-6, clip 1.0)
+])
+def test_overflow_batches_make_one_update_equal_to_one_big_batch(opt):
+  """12 sequences over 3 packed [2, 64] batches vs one per row in one [12, 64] batch."""
+  rng = np.random.default_rng(1)
+  lengths = [50, 45, 55, 40, 10, 8, 12, 6, 9, 14, 7, 11]
+  rows = [Row(list(rng.integers(3, 259, n)), list(rng.random(n) < 0.7),
+              list(rng.uniform(-6.5, -4.5, n)), float(rng.normal()),
+              "designer" if i < 2 else "agent") for i, n in enumerate(lengths)]
+  cfg = get_preset("tiny")
+  mesh = parallel.make_mesh(parallel.MeshConfig(), jax.devices()[:1])
+  results = []
+  for b, pack in ((2, True), (12, False)):
+    batches, stats = build_batches(rows, b, 64, pack=pack)
+    assert stats["batch/rows"] == 12 and len(batches) == (3 if pack else 1)
+    tr = Trainer(cfg, TrainConfig(b, 64, logprob_chunk=16), LossConfig(), opt, mesh,
+                 parallel.RULE_SETS["fsdp"])
+    state, m = tr.step(tr.init_state(jax.random.key(0)), batches)
+    assert int(state.step) == 1  # one optimizer update for all batches
+    results.append((jax.device_get(state.params), jax.device_get(m)))
+  (p_multi, m_multi), (p_one, m_one) = results
+  assert set(m_multi) == set(m_one)
+  for k in ("token_count", "designer_tokens", "agent_tokens"):
+    assert m_multi[k] == m_one[k], k
+  for k, v in m_one.items():
+    # tis_corr is a Pearson correlation from raw moments of log-probs near -5.5
+    # (E[xy] - E[x]E[y] cancels ~30 - 30 in float32): summation order moves it
+    # by ~1e-4 however the sums are split.
+    tol = dict(rtol=0, atol=1e-3) if k == "tis_corr" else dict(rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(m_multi[k], v, **tol, err_msg=k)
+  for a, b in zip(jax.tree.leaves(p_multi), jax.tree.leaves(p_one)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)

@@ -34,7 +34,7 @@ def np_loss(cfg, lp, old, adv, mask, ref=None, sampler=None):
   lo, hi = 1.0 - cfg.eps_low, 1.0 + cfg.eps_high
   nb, nt = lp.shape
   per = [[None] * nt for _ in range(nb)]
-  ratios, ents, kls, drifts, olds, samps = [], [], [], [], [], []
+  ratios, ents, kls, drifts, olds, samps, weights = [], [], [], [], [], [], []
   clip_low = clip_high = dual = capped = 0
   for b in range(nb):
     toks = [t for t in range(nt) if mask[b][t]]
@@ -57,7 +57,9 @@ def np_loss(cfg, lp, old, adv, mask, ref=None, sampler=None):
         olds.append(old[b][t])
         samps.append(sampler[b][t])
         if cfg.tis_cap is not None:
-          val *= min(math.exp(d), cfg.tis_cap)
+          w = min(math.exp(d), cfg.tis_cap)  # REFERENCE.md 1.8: min(pi_old / pi_sampler, cap)
+          weights.append(w)
+          val *= w
           capped += math.exp(d) > cfg.tis_cap
       if ref is not None:
         k = np_kl(cfg.kl_estimator, lp[b][t], ref[b][t])
@@ -97,6 +99,10 @@ def np_loss(cfg, lp, old, adv, mask, ref=None, sampler=None):
     m["tis_abs_diff_max"] = max(drifts)
     m["tis_capped_frac"] = capped / n
     m["tis_corr"] = float(np.corrcoef(olds, samps)[0, 1])
+    if cfg.tis_cap is not None:
+      m["tis_weight_mean"] = sum(weights) / n
+      m["tis_weight_max"] = max(weights)
+      m["tis_weight_min"] = min(weights)
   return loss, m
 
 

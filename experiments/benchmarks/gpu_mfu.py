@@ -64,7 +64,7 @@ def measure(preset: str, batch: int, seq_len: int, steps: int, chunk: int,
            positions=np.tile(np.arange(seq_len, dtype=np.int32), (batch, 1)),
            segment_ids=np.ones((batch, seq_len), np.int32),
            loss_mask=np.ones((batch, seq_len), bool),
-           old_logps=np.full((batch, seq_len), -12.0, np.float32),
+           sampler_logps=np.full((batch, seq_len), -12.0, np.float32),
            advantages=rng.normal(size=batch).astype(np.float32),
            role=np.ones((batch,), np.int32))
   b = {k: jax.device_put(np.broadcast_to(v[:, None], (batch, seq_len)) if v.ndim == 1

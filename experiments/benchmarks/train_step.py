@@ -72,7 +72,7 @@ class Ours:
         tokens=rng.integers(3, self.cfg.vocab_size, (b, t)).astype(np.int32),
         positions=np.tile(np.arange(t, dtype=np.int32), (b, 1)),
         segment_ids=np.ones((b, t), np.int32), loss_mask=mask,
-        old_logps=np.full((b, t), -np.log(self.cfg.vocab_size), np.float32),
+        sampler_logps=np.full((b, t), -np.log(self.cfg.vocab_size), np.float32),
         advantages=rng.normal(size=b).astype(np.float32),
         role=np.ones((b,), np.int32))
 

@@ -4,7 +4,8 @@ from spade_jax.rl.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from spade_jax.rl.logprobs import chunked_head_logprobs, chunked_token_logprobs
 from spade_jax.rl.loss import (LossConfig, Sequences, combine_metric_sums,
                                finalize_loss, finalize_metrics, grpo_loss,
-                               grpo_loss_terms, sequences)
+                               grpo_loss_terms, sequences, tis_weight)
 from spade_jax.rl.optimizer import OptimizerConfig, make_optimizer
-from spade_jax.rl.train_step import (BATCH_FIELDS, PER_ROW_FIELDS, ROLES,
-                                     TrainConfig, Trainer, TrainState)
+from spade_jax.rl.train_step import (BATCH_FIELDS, OLD_LOGPS, PER_ROW_FIELDS, ROLES,
+                                     TrainConfig, Trainer, TrainState,
+                                     batch_loss_terms, finalize_train_metrics)

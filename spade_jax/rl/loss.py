@@ -8,7 +8,10 @@ One per-token objective covers the variants used by the trainer:
 * KL to a reference policy with a named estimator (k1 / k2 / k3).
 * Truncated importance sampling (TIS) against the sampler's log-probs, which
   corrects for the mismatch between the inference engine and the trainer and
-  for the staleness of delayed designer samples.
+  for the staleness of delayed designer samples (REFERENCE.md section 1.8:
+  the trainer recomputes `old_logps` with the weights it is about to update,
+  so the PPO ratio starts at 1 and every token is weighted by
+  `min(pi_old / pi_sampler, 2)`; see `rl.TrainConfig.old_logps`).
 * An entropy bonus estimated from the sampled tokens.
 
 For every valid (unmasked) token the loss is::
@@ -247,6 +250,21 @@ class LossConfig:
       )
 
 
+def tis_weight(old_logps: Array, sampler_logps: Array, tis_cap: float) -> Array:
+  """Truncated importance-sampling weight of every token (no masking).
+
+  Args:
+    old_logps: [B, T] log-probs in the PPO ratio's denominator.
+    sampler_logps: [B, T] log-probs recorded when the tokens were sampled.
+    tis_cap: the truncation, `LossConfig.tis_cap` (reference: 2.0).
+
+  Returns:
+    [B, T] `min(exp(old_logps - sampler_logps), tis_cap)`. An `exp` that
+    overflows to inf is capped like any other large weight.
+  """
+  return jnp.minimum(jnp.exp(old_logps - sampler_logps), tis_cap)
+
+
 def _check_shapes(
     logps: Array,
     old_logps: Array,
@@ -296,15 +314,20 @@ def grpo_loss_terms(
 
   Args:
     logps: [B, T] log-probs of the sampled tokens under the current policy.
-    old_logps: [B, T] log-probs under the policy that the advantages refer to
-      (the trainer's weights at sampling time).
+    old_logps: [B, T] the PPO ratio's denominator. The reference recomputes
+      them with the trainer's weights before the update, which with one
+      optimizer step per rollout is `jax.lax.stop_gradient(logps)` (the
+      trainer's `old_logps="recompute"`); `old_logps="sampler"` passes the
+      sampler's log-probs here.
     advantages: [B] one advantage per row, or [B, T] per token (constant
       over each packed sequence; only valid tokens are read).
     mask: [B, T] bool (or 0/1); True for tokens that are trained on.
     ref_logps: [B, T] log-probs under the reference policy; required only when
       `config.kl_coef != 0`. When given, the KL metric is reported.
-    sampler_logps: [B, T] log-probs reported by the sampler (inference
-      engine); enables the TIS weight and the drift metrics.
+    sampler_logps: [B, T] log-probs recorded when the tokens were sampled
+      (inference engine, possibly several updates ago); enables the TIS
+      weight `min(exp(old_logps - sampler_logps), config.tis_cap)` on every
+      token and the drift metrics.
     segment_ids: [B, T] int for packed rows: each contiguous run of one id is
       a sequence, 0 is padding (never trained on). None: one sequence per row.
     config: static loss hyperparameters.
@@ -361,14 +384,21 @@ def grpo_loss_terms(
 
   metrics: Metrics = {}
   if sampler_logps is not None:
-    drift = old - sg(clean(sampler_logps))
+    sampler = sg(clean(sampler_logps))
+    drift = old - sampler  # 0 on masked tokens
     if config.tis_cap is not None:
-      is_weight = jnp.exp(drift)
-      per_token = per_token * sg(jnp.minimum(is_weight, config.tis_cap))
-      capped = valid & (is_weight > config.tis_cap)
+      # Applied weight, after the cap; masked tokens get 0 (they have no loss).
+      weight = jnp.where(valid, tis_weight(old, sampler, config.tis_cap), 0.0)
+      per_token = per_token * weight
+      capped = valid & (jnp.exp(drift) > config.tis_cap)
+      metrics.update({
+          "tis_weight_sum": jnp.sum(weight),
+          "tis_weight_max": jnp.max(jnp.where(valid, weight, -jnp.inf)),
+          "tis_weight_min": jnp.min(jnp.where(valid, weight, jnp.inf)),
+      })
     else:
       capped = jnp.zeros_like(valid)
-    x, y = old, old - drift  # old_logps and sampler_logps, zero where masked
+    x, y = old, sampler  # zero where masked
     metrics.update({
         "tis_abs_diff_sum": jnp.sum(jnp.abs(drift) * m),
         "tis_abs_diff_max": jnp.max(jnp.abs(drift) * m),
@@ -454,10 +484,14 @@ def finalize_metrics(sums: Metrics) -> Metrics:
   Returns:
     Scalars: `clip_frac_low`, `clip_frac_high`, `ratio_mean`, `ratio_max`,
     `ratio_min`, `entropy`, `token_count`; `dual_clip_frac` with dual clip;
-    `kl` with ref_logps; `tis_abs_diff_mean`, `tis_abs_diff_max`, `tis_corr`
-    (Pearson correlation of old and sampler log-probs over valid tokens) and
-    `tis_capped_frac` with sampler_logps. Every entry is 0 when there are no
-    valid tokens.
+    `kl` with ref_logps; `tis_abs_diff_mean`, `tis_abs_diff_max`
+    (|old_logps - sampler_logps|), `tis_corr` (Pearson correlation of old and
+    sampler log-probs over valid tokens) and `tis_capped_frac` (fraction of
+    tokens whose weight `exp(old - sampler)` exceeded the cap) with
+    sampler_logps; with sampler_logps and a `tis_cap`, also
+    `tis_weight_mean`, `tis_weight_max`, `tis_weight_min`: the weight each
+    token's loss is multiplied by, after the cap. Every entry is 0 when there
+    are no valid tokens.
   """
   n = sums["token_count"]
   has = n > 0
@@ -486,6 +520,10 @@ def finalize_metrics(sums: Metrics) -> Metrics:
     out["tis_abs_diff_mean"] = mean("tis_abs_diff_sum")
     out["tis_abs_diff_max"] = extreme("tis_abs_diff_max")
     out["tis_capped_frac"] = mean("tis_capped_count")
+    if "tis_weight_sum" in sums:
+      out["tis_weight_mean"] = mean("tis_weight_sum")
+      out["tis_weight_max"] = extreme("tis_weight_max")
+      out["tis_weight_min"] = extreme("tis_weight_min")
     mx, my = mean("tis_old_sum"), mean("tis_sampler_sum")
     cov = mean("tis_cross_sum") - mx * my
     vx = jnp.maximum(mean("tis_old_sq_sum") - mx * mx, 0.0)

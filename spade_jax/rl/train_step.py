@@ -4,12 +4,26 @@ The batch is a dict of fixed-shape [B, T] arrays (see `BATCH_FIELDS`), so the
 step compiles once per run. A row may pack several sequences (segment ids,
 per-segment positions, per-token advantages and roles). Gradients are
 accumulated over micro-batches as (sum, denominator) pairs, which makes any
-split equal to the full batch. Log-probs are computed in sequence chunks
-(`TrainConfig.logprob_chunk`), so [B, T, V] logits never exist.
+split equal to the full batch; the same sums accumulate over several batches
+of the same shape (`Trainer.step` with a list), so sequences that do not fit
+in one batch still join the one optimizer update. Log-probs are computed in
+sequence chunks (`TrainConfig.logprob_chunk`), so [B, T, V] logits never exist.
+
+The PPO ratio's denominator (`TrainConfig.old_logps`). The reference
+(REFERENCE.md section 1.8) recomputes `old_logps` with the weights it is about
+to update and weights every token by `min(pi_old / pi_sampler, tis_cap)`,
+where `pi_sampler` are the log-probs recorded at sampling time
+(`sampler_logps`). With exactly one optimizer step per rollout, as here, the
+weights that recompute `old_logps` are the weights the gradient is taken at,
+so `old_logps = stop_gradient(logps)` of the same forward pass is exact: the
+ratio is exactly 1 and its gradient is `grad log pi`, no token is clipped,
+and the staleness of a designer sample trained several updates after it was
+written is corrected by the capped weight instead of silencing its tokens.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 import dataclasses
 from typing import Any
 
@@ -21,20 +35,107 @@ import optax
 
 from spade_jax import parallel
 from spade_jax.models import ModelConfig, init_params, param_axes
+from spade_jax.registry import names
 from spade_jax.rl import loss as loss_lib
 from spade_jax.rl.logprobs import chunked_token_logprobs
 from spade_jax.rl.optimizer import OptimizerConfig, make_optimizer
 
-# Batch fields and their dtypes; every field is [B, T]. `advantages` and `role`
-# are per token (constant over each packed sequence); `Trainer.step` also
-# accepts them as [B] (one sequence per row) and broadcasts.
+# Batch fields and their dtypes; every field is [B, T]. `sampler_logps` are the
+# log-probs recorded when the tokens were sampled. `advantages` and `role` are
+# per token (constant over each packed sequence); `Trainer.step` also accepts
+# them as [B] (one sequence per row) and broadcasts.
 BATCH_FIELDS = {
     "tokens": jnp.int32, "positions": jnp.int32, "segment_ids": jnp.int32,
-    "loss_mask": jnp.bool_, "old_logps": jnp.float32, "advantages": jnp.float32,
+    "loss_mask": jnp.bool_, "sampler_logps": jnp.float32, "advantages": jnp.float32,
     "role": jnp.int32,
 }
 ROLES = ("designer", "agent")
 PER_ROW_FIELDS = ("advantages", "role")
+OLD_LOGPS = names("recompute", "sampler", kind="old log-prob source",
+                  field="train.old_logps")
+"""Where the PPO ratio's denominator comes from (`TrainConfig.old_logps`)."""
+
+
+def batch_loss_terms(
+    logps: jax.Array,
+    batch: Mapping[str, jax.Array],
+    *,
+    ref_logps: jax.Array | None = None,
+    old_logps: str = "recompute",
+    config: loss_lib.LossConfig = loss_lib.LossConfig(),
+) -> tuple[jax.Array, jax.Array, loss_lib.Metrics]:
+  """GRPO loss terms of one (micro-)batch, old log-probs chosen by name.
+
+  This is the whole objective of the train step given the policy's log-probs;
+  `Trainer` only adds the forward pass in front and the optimizer behind.
+
+  Args:
+    logps: [B, T] log-probs of the batch's tokens under the params being
+      updated (the quantity the gradient flows through).
+    batch: [B, T] arrays "sampler_logps", "advantages", "loss_mask",
+      "segment_ids" and "role" (index into `ROLES`), as in `BATCH_FIELDS`.
+    ref_logps: [B, T] reference-policy log-probs, or None (KL off).
+    old_logps: name in `OLD_LOGPS`. "recompute": `stop_gradient(logps)`;
+      exact for one optimizer step per rollout, where the reference's
+      recomputation runs the very weights the gradient is taken at (ratio
+      exactly 1, gradient `grad log pi`, no second forward pass). "sampler":
+      `batch["sampler_logps"]`. Either way `sampler_logps` goes to the loss,
+      so each token is weighted by `min(exp(old - sampler), config.tis_cap)`
+      and the drift is measured.
+    config: static loss hyperparameters.
+
+  Returns:
+    `(loss_sum, denom, metric_sums)` as `loss.grpo_loss_terms`, with per role
+    of `ROLES` `<role>_tokens` (loss tokens) and, when `config.tis_cap` is
+    set, `<role>_tis_weight_sum` (sum of the applied weights); combine with
+    `loss.combine_metric_sums`, finalise with `finalize_train_metrics`.
+
+  Raises:
+    UnknownNameError: for an `old_logps` not in `OLD_LOGPS`.
+  """
+  sg = jax.lax.stop_gradient
+  sampler = batch["sampler_logps"]
+  old = sg(logps) if OLD_LOGPS[old_logps] == "recompute" else sampler
+  loss_sum, denom, sums = loss_lib.grpo_loss_terms(
+      logps, old, batch["advantages"], batch["loss_mask"], ref_logps=ref_logps,
+      sampler_logps=sampler, segment_ids=batch["segment_ids"], config=config)
+  valid = batch["loss_mask"].astype(bool) & (batch["segment_ids"] > 0)
+  weight = None
+  if config.tis_cap is not None:
+    # The same weight the loss applied, for the per-role means.
+    weight = jnp.where(valid, loss_lib.tis_weight(
+        sg(old).astype(jnp.float32), sampler.astype(jnp.float32), config.tis_cap), 0.0)
+  for r, name in enumerate(ROLES):
+    in_role = valid & (batch["role"] == r)
+    sums[f"{name}_tokens"] = jnp.sum(in_role)
+    if weight is not None:
+      sums[f"{name}_tis_weight_sum"] = sg(jnp.sum(jnp.where(in_role, weight, 0.0)))
+  return loss_sum, denom, sums
+
+
+def finalize_train_metrics(loss_sum: jax.Array, denom: jax.Array,
+                           sums: loss_lib.Metrics) -> loss_lib.Metrics:
+  """Means of (accumulated) `batch_loss_terms` sums, as the step returns them.
+
+  Args:
+    loss_sum: summed loss numerator (scalar).
+    denom: summed loss denominator (scalar).
+    sums: metric sums from `batch_loss_terms`, combined over micro-batches
+      and batches with `loss.combine_metric_sums`.
+
+  Returns:
+    `loss.finalize_metrics(sums)` plus "loss", `<role>_tokens` and, with a
+    TIS cap, `<role>_tis_weight_mean` (0 for a role without loss tokens).
+  """
+  metrics = loss_lib.finalize_metrics(sums)
+  for r in ROLES:
+    n = sums[f"{r}_tokens"]
+    metrics[f"{r}_tokens"] = n
+    if f"{r}_tis_weight_sum" in sums:
+      metrics[f"{r}_tis_weight_mean"] = jnp.where(
+          n > 0, sums[f"{r}_tis_weight_sum"] / jnp.maximum(n, 1), 0.0)
+  metrics["loss"] = loss_lib.finalize_loss(loss_sum, denom)
+  return metrics
 
 
 @flax.struct.dataclass
@@ -60,14 +161,23 @@ class TrainConfig:
       recomputed chunk by chunk in the backward pass); 0 computes full
       [B, T, V] logits. The decoder's own rematerialisation is
       `ModelConfig.remat`.
+    old_logps: the PPO ratio's denominator, a name in `OLD_LOGPS`.
+      "recompute" (reference): the trainer's own log-probs under the weights
+      it is about to update, i.e. `stop_gradient` of this step's log-probs
+      (ratio 1), and every token weighted by
+      `min(exp(old - sampler_logps), loss.tis_cap)`. "sampler": the sampler's
+      log-probs (a stale sample's drifted tokens are PPO-clipped; the TIS
+      weight is exactly 1).
   """
 
   batch_size: int = 8
   seq_len: int = 2048
   num_microbatches: int = 1
   logprob_chunk: int = 512
+  old_logps: str = "recompute"
 
   def __post_init__(self):
+    OLD_LOGPS.check(self.old_logps)
     if self.logprob_chunk < 0:
       raise ValueError(f"train.logprob_chunk={self.logprob_chunk}; expected a "
                        "positive chunk length, or 0 for unchunked log-probs.")
@@ -94,10 +204,22 @@ class Trainer:
     self.state_shardings = self._state_shardings()
     self.batch_shardings = {k: parallel.batch_sharding(mesh, rules, 2)
                             for k in BATCH_FIELDS}
+    # One batch: one fused, donated program (forward, backward, optimizer).
     self._step = jax.jit(self._update, in_shardings=(self.state_shardings,
                                                      self.batch_shardings),
                          out_shardings=(self.state_shardings, None),
                          donate_argnums=(0,))
+    # Several batches: the sums of each batch, added up, then one update.
+    sums_shardings = (self.state_shardings.params, None, None, None)
+    self._sums = jax.jit(self._sums_program, in_shardings=(self.state_shardings,
+                                                           self.batch_shardings),
+                         out_shardings=sums_shardings)
+    self._add = jax.jit(_add_sums, out_shardings=sums_shardings, donate_argnums=(0,))
+    # The new state reuses the old state's buffers; the summed gradient has no
+    # output of its shape left to alias, so it is not donated.
+    self._apply_sums = jax.jit(self._apply_program,
+                               out_shardings=(self.state_shardings, None),
+                               donate_argnums=(0,))
 
   # -- state -----------------------------------------------------------------
   def _init(self, key):
@@ -147,49 +269,52 @@ class Trainer:
     ref = None
     if self.loss_cfg.kl_coef:
       ref = jax.lax.stop_gradient(self._logps(ref_params, mb))
-    loss_sum, denom, sums = loss_lib.grpo_loss_terms(
-        logps, mb["old_logps"], mb["advantages"], mb["loss_mask"],
-        ref_logps=ref, segment_ids=mb["segment_ids"], config=self.loss_cfg)
-    mask = mb["loss_mask"] & (mb["segment_ids"] > 0)
-    for r, name in enumerate(ROLES):
-      sums[f"{name}_tokens"] = jnp.sum(mask & (mb["role"] == r))
+    loss_sum, denom, sums = batch_loss_terms(
+        logps, mb, ref_logps=ref, old_logps=self.train_cfg.old_logps,
+        config=self.loss_cfg)
     return loss_sum, (denom, sums)
 
-  def _update(self, state: TrainState, batch: dict[str, jax.Array]):
-    # Activations follow the same logical-axis rules as the parameters.
-    with parallel.activation_sharding(self.mesh, self.rules):
-      return self._update_body(state, batch)
-
-  def _update_body(self, state: TrainState, batch: dict[str, jax.Array]):
+  def _batch_sums(self, params, ref_params, batch: dict[str, jax.Array]):
+    """Unscaled gradient, loss (sum, denom) and metric sums of one [B, T] batch."""
     n = self.train_cfg.num_microbatches
     micro = jax.tree.map(lambda x: x.reshape(n, x.shape[0] // n, *x.shape[1:]), batch)
     grad_fn = jax.value_and_grad(self._micro_terms, has_aux=True)
 
     def body(carry, mb):
-      g_acc, l_acc, d_acc, m_acc = carry
-      (l, (d, m)), g = grad_fn(state.params, state.ref_params, mb)
-      g_acc = jax.tree.map(jnp.add, g_acc, g)
-      m_acc = m if m_acc is None else loss_lib.combine_metric_sums(m_acc, m)
-      return (g_acc, l_acc + l, d_acc + d, m_acc), None
+      (l, (d, m)), g = grad_fn(params, ref_params, mb)
+      return _add_sums(carry, (g, l, d, m)), None
 
-    zeros = jax.tree.map(jnp.zeros_like, state.params)
     first = jax.tree.map(lambda x: x[0], micro)
-    (l0, (d0, m0)), g0 = grad_fn(state.params, state.ref_params, first)
-    carry = (jax.tree.map(jnp.add, zeros, g0), l0, d0, m0)
+    (l0, (d0, m0)), g0 = grad_fn(params, ref_params, first)
+    carry = (g0, l0, d0, m0)
     if n > 1:
       rest = jax.tree.map(lambda x: x[1:], micro)
       carry, _ = jax.lax.scan(body, carry, rest)
-    grads, loss_sum, denom, sums = carry
+    return carry
+
+  def _apply(self, state: TrainState, grads, loss_sum, denom, sums):
+    """One optimizer update from accumulated sums; (new state, metrics)."""
     scale = jnp.where(denom > 0, 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
     grads = jax.tree.map(lambda g: g * scale, grads)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = loss_lib.finalize_metrics(sums)
-    metrics.update({f"{r}_tokens": sums[f"{r}_tokens"] for r in ROLES})
-    metrics["loss"] = loss_lib.finalize_loss(loss_sum, denom)
+    metrics = finalize_train_metrics(loss_sum, denom, sums)
     metrics["grad_norm"] = optax.global_norm(grads)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
+
+  def _update(self, state: TrainState, batch: dict[str, jax.Array]):
+    # Activations follow the same logical-axis rules as the parameters.
+    with parallel.activation_sharding(self.mesh, self.rules):
+      return self._apply(state, *self._batch_sums(state.params, state.ref_params, batch))
+
+  def _sums_program(self, state: TrainState, batch: dict[str, jax.Array]):
+    with parallel.activation_sharding(self.mesh, self.rules):
+      return self._batch_sums(state.params, state.ref_params, batch)
+
+  def _apply_program(self, state: TrainState, sums):
+    with parallel.activation_sharding(self.mesh, self.rules):
+      return self._apply(state, *sums)
 
   def abstract_batch(self) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes, dtypes and shardings of a batch, for lowering without data."""
@@ -208,29 +333,67 @@ class Trainer:
         lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
         self.abstract_state(), self.state_shardings)
 
-  def step(self, state: TrainState, batch: dict[str, Any]):
-    """Applies one update.
-
-    Args:
-      state: the train state.
-      batch: numpy or jax arrays, every field of `BATCH_FIELDS` as
-        [train.batch_size, train.seq_len]; `advantages` and `role` may also be
-        [train.batch_size] (one sequence per row).
-
-    Returns:
-      (new state, metrics).
-    """
+  def _put(self, batch: Mapping[str, Any], where: str = "Batch") -> dict[str, jax.Array]:
+    """Checks one batch's fields and shapes and places it in its shardings."""
     B, T = self.train_cfg.batch_size, self.train_cfg.seq_len
     arrays = {}
     for k, dt in BATCH_FIELDS.items():
       if k not in batch:
-        raise ValueError(f"Batch is missing field {k!r}; expected {sorted(BATCH_FIELDS)}.")
+        hint = (" (renamed from 'old_logps': the log-probs recorded when the tokens "
+                "were sampled)" if k == "sampler_logps" and "old_logps" in batch else "")
+        raise ValueError(f"{where} is missing field {k!r}{hint}; expected "
+                         f"{sorted(BATCH_FIELDS)}.")
       x = batch[k]
       if k in PER_ROW_FIELDS and tuple(x.shape) == (B,):
         x = jnp.broadcast_to(jnp.asarray(x, dt)[:, None], (B, T))
       if tuple(x.shape) != (B, T):
         allowed = f"{(B, T)} or {(B,)}" if k in PER_ROW_FIELDS else f"{(B, T)}"
-        raise ValueError(f"Batch field {k!r} has shape {tuple(x.shape)}; "
+        raise ValueError(f"{where} field {k!r} has shape {tuple(x.shape)}; "
                          f"expected {allowed} (train.batch_size, train.seq_len).")
       arrays[k] = jax.device_put(jnp.asarray(x, dt), self.batch_shardings[k])
-    return self._step(state, arrays)
+    return arrays
+
+  def step(self, state: TrainState,
+           batch: Mapping[str, Any] | Sequence[Mapping[str, Any]]):
+    """Applies one optimizer update.
+
+    Args:
+      state: the train state (donated).
+      batch: one batch, or a non-empty sequence of batches that together form
+        the update (e.g. `selfplay.build_batches`). A batch holds numpy or jax
+        arrays, every field of `BATCH_FIELDS` as [train.batch_size,
+        train.seq_len]; `advantages` and `role` may also be
+        [train.batch_size] (one sequence per row). Several batches give
+        exactly the update of one batch holding all their rows: gradient,
+        loss (sum, denominator) and metric sums are added over the batches
+        before the single update. One batch runs as one fused program;
+        several run one gradient program per batch (same shape, compiled
+        once) and one update program.
+
+    Returns:
+      (new state, metrics): `finalize_train_metrics` plus "grad_norm".
+
+    Raises:
+      ValueError: for a missing field, a wrongly shaped field, or an empty
+        sequence of batches.
+    """
+    if isinstance(batch, Mapping):
+      return self._step(state, self._put(batch))
+    batches = list(batch)
+    if not batches:
+      raise ValueError("Trainer.step got an empty sequence of batches; pass one batch "
+                       "dict or a non-empty list of them.")
+    n = len(batches)
+    arrays = [self._put(b, f"Batch {i} of {n}") for i, b in enumerate(batches)]
+    if n == 1:
+      return self._step(state, arrays[0])
+    acc = self._sums(state, arrays[0])
+    for a in arrays[1:]:
+      acc = self._add(acc, self._sums(state, a))
+    return self._apply_sums(state, acc)
+
+
+def _add_sums(a, b):
+  """Adds two (grads, loss_sum, denom, metric_sums) tuples exactly."""
+  return (jax.tree.map(jnp.add, a[0], b[0]), a[1] + b[1], a[2] + b[2],
+          loss_lib.combine_metric_sums(a[3], b[3]))

@@ -1,4 +1,4 @@
-"""Environment memory: hashing, merging, retrieval, elision and crash-safe saving."""
+"""Environment memory: hashing, merging, FIFO, seeded retrieval, elision, crash-safe saving."""
 
 import ast
 import os
@@ -159,47 +159,115 @@ def test_sigkill_during_save_leaves_previous_file(tmp_path):
   assert [r.to_dict() for r in loaded] == [r.to_dict() for r in old]
 
 
-def test_capacity_eviction_and_negative_quota():
-  mem = EnvMemory(MemoryConfig(capacity=3, negative_capacity=1))
-  for i, reward in enumerate([0.9, 0.1, 0.5, 0.7]):
-    mem.add(rec(program=variant(i), designer_reward=reward, iteration=i))
-  assert sorted(r.designer_reward for r in mem) == [0.5, 0.7, 0.9]  # Lowest dropped.
-  mem.add(rec(program=variant(10), reason="syntax error", iteration=5))
-  mem.add(rec(program=variant(11), reason="api: step returned 4 values", iteration=6))
-  negatives = [r for r in mem if r.reason]
-  assert len(negatives) == 1 and negatives[0].iteration == 6  # Oldest negative dropped.
-  assert len(mem) == 3
-  fifo = EnvMemory(MemoryConfig(capacity=2, eviction="oldest"))
-  for i in range(4):
-    fifo.add(rec(program=variant(i), iteration=i, designer_reward=-i))
-  assert sorted(r.iteration for r in fifo) == [2, 3]
+def test_defaults_are_the_reference():
+  c = MemoryConfig()
+  assert (c.capacity, c.eviction, c.band_lo, c.band_hi, c.num_exemplars) == \
+      (200, "oldest", 0.15, 0.85, 2)
+  assert (c.top_per_exemplar, c.top_min, c.negative_hi, c.negative_lo) == (3, 10, 0.9, 0.1)
+  assert c.invalid_negatives  # The one departure, with its switch back.
   with pytest.raises(ValueError, match="eviction"):
     MemoryConfig(eviction="random")
+  with pytest.raises(ValueError, match="negative_lo"):
+    MemoryConfig(negative_lo=0.5, negative_hi=0.4)
 
 
-def test_retrieval_band_order_negatives_and_ablation():
-  mem = EnvMemory(MemoryConfig(band_lo=0.1, band_hi=0.8, num_exemplars=2))
-  mem.add(rec(program=variant(1), regret=0.2, win_rate_nohint=0.5))
-  mem.add(rec(program=variant(2), regret=0.6, win_rate_nohint=0.3))
-  mem.add(rec(program=variant(3), regret=0.03, win_rate_nohint=0.97, win_rate_hint=1.0))
-  mem.add(rec(program=variant(4), regret=0.4, win_rate_nohint=0.5, skill="optimization"))
-  mem.add(rec(program=variant(5), reason="infeasible: solution() replay ends with reward 0"))
-  ex = mem.exemplars(skill="logical deduction")
-  assert [r.regret for r in ex] == [0.6, 0.2]  # Same skill first, by regret.
-  ex = mem.exemplars(skill="optimization", k=3)
-  assert [r.regret for r in ex] == [0.4, 0.6, 0.2]
-  huge = rec(program=PROGRAM + "".join(f"\nX{i} = {i}" for i in range(400)), regret=0.7)
-  mem.add(huge)
-  assert mem.exemplars(skill="logical deduction")[0].code_hash == huge.code_hash
-  fitting = mem.exemplars(skill="logical deduction", max_chars=1_500)
-  assert [r.regret for r in fitting] == [0.6, 0.2]  # The long one cannot fit; skipped.
-  neg = mem.negative(skill="logical deduction")
-  reasons = {mem.negative(seed=s).reason for s in range(2)}
-  assert neg is not None and neg.reason
-  assert reasons == {"infeasible: solution() replay ends with reward 0",
-                     "too easy: the agent solved 97% of episodes without any hint"}
+def test_fifo_at_capacity_200():
+  mem = EnvMemory()
+  for i in range(250):
+    assert mem.add(rec(program=variant(i), iteration=i)) is not None
+  assert len(mem) == 200
+  assert [r.code_hash for r in mem] == [code_hash(variant(i)) for i in range(50, 250)]
+  # A re-submitted program moves to the back of the queue.
+  mem.add(rec(program=variant(50), iteration=250))
+  mem.add(rec(program=variant(250), iteration=251))
+  assert variant(50) in mem and variant(51) not in mem and len(mem) == 200
+  # The other policy: the lowest designer reward goes (the oldest first among ties).
+  low = EnvMemory(MemoryConfig(capacity=3, eviction="lowest_reward"))
+  for i, reward in enumerate([0.9, 0.1, 0.5, 0.7, 0.5]):
+    low.add(rec(program=variant(i), designer_reward=reward, iteration=i))
+  assert [r.designer_reward for r in low] == [0.9, 0.7, 0.5]
+  assert variant(4) in low and variant(2) not in low
+
+
+def test_invalid_records_keep_their_own_fifo_and_switch_off():
+  mem = EnvMemory(MemoryConfig(capacity=2, invalid_capacity=2))
+  for i in range(3):
+    mem.add(rec(program=variant(i), iteration=i))
+    mem.add(rec(program=variant(10 + i), reason=f"syntax {i}", iteration=i))
+  assert [r.reason for r in mem] == [None, "syntax 1", None, "syntax 2"]
+  neg = mem.negative("logical deduction", seed=0)
+  assert neg.reason in ("syntax 1", "syntax 2")
+  # Switched back to the reference: invalid programs are neither stored nor shown.
+  ref = MemoryConfig(capacity=2, invalid_negatives=False)
+  off = EnvMemory(ref)
+  assert off.add(rec(program=variant(20), reason="syntax")) is None and len(off) == 0
+  assert off.negative("logical deduction") is None
+  loaded = EnvMemory.from_json(mem.to_json(), ref)
+  assert len(loaded) == 2 and not any(r.reason for r in loaded)
+
+
+def test_exemplars_are_in_band_and_of_the_same_skill():
+  mem = EnvMemory()
+  mem.add(rec(program=variant(1), win_rate_nohint=0.15, regret=0.1))  # Band edges count.
+  mem.add(rec(program=variant(2), win_rate_nohint=0.85, regret=-0.2))  # Unfloored regret.
+  mem.add(rec(program=variant(3), win_rate_nohint=0.1, regret=0.9))  # Below the band.
+  mem.add(rec(program=variant(4), win_rate_nohint=0.9, regret=0.9))  # Above the band.
+  mem.add(rec(program=variant(5), skill="optimization", regret=0.9))  # Another skill.
+  mem.add(rec(program=variant(6), setting="tool_use", regret=0.9))  # Another setting.
+  mem.add(rec(program=variant(7), reason="trivial", regret=0.9))  # Invalid.
+  picked = mem.exemplars("logical deduction", setting="games", seed=3)
+  assert sorted(r.code_hash for r in picked) == sorted(code_hash(variant(i)) for i in (1, 2))
+  assert len(mem.exemplars("logical deduction", seed=3)) == 2  # Any setting: 3 in the pool.
+  assert len(mem.exemplars("logical deduction", k=5)) == 3
+  assert [r.skill for r in mem.exemplars("optimization")] == ["optimization"]
+  assert mem.exemplars("causal inference") == []
+
+
+def test_exemplars_are_drawn_from_the_top_by_regret():
+  mem = EnvMemory()
+  for i in range(40):
+    mem.add(rec(program=variant(i), regret=i / 100, iteration=i))
+  for k, top in ((2, 10), (5, 15)):  # The top max(3k, 10) by regret.
+    draws = [tuple(r.regret for r in mem.exemplars("logical deduction", k, seed=s))
+             for s in range(40)]
+    assert all(len(d) == len(set(d)) == k for d in draws)
+    assert {x for d in draws for x in d} == {i / 100 for i in range(40 - top, 40)}
+    assert len(set(draws)) > 10  # Different seeds, different exemplars ...
+    again = [tuple(r.regret for r in mem.exemplars("logical deduction", k, seed=s))
+             for s in range(40)]
+    assert again == draws  # ... and the same seed, the same ones.
+
+
+def test_negative_thresholds():
+  mem = EnvMemory()
+  for i, win in enumerate([0.95, 0.05, 0.9, 0.1, 0.5]):
+    mem.add(rec(program=variant(i), win_rate_nohint=win, win_rate_hint=win, regret=0.0))
+  mem.add(rec(program=variant(9), win_rate_nohint=0.99, skill="optimization"))
+  reasons = {mem.negative("logical deduction", setting="games", seed=s).reason
+             for s in range(30)}
+  assert reasons == {"too easy: the agent won 95% of plays without a hint",
+                     "too hard: the agent won only 5% of plays without a hint"}
+  assert mem.negative("logical deduction", seed=7) == mem.negative("logical deduction", seed=7)
+  assert mem.negative("causal inference") is None  # Only the same skill.
+  wide = EnvMemory(MemoryConfig(negative_hi=0.85, negative_lo=0.2), records=list(mem))
+  wins = {wide.negative("logical deduction", seed=s).win_rate_nohint for s in range(60)}
+  assert wins == {0.95, 0.05, 0.9, 0.1}
   off = EnvMemory(MemoryConfig(no_memory=True), records=list(mem))
-  assert off.exemplars() == [] and off.negative() is None and len(off) == len(mem)
+  assert off.exemplars("logical deduction") == [] and off.negative("logical deduction") is None
+  assert len(off) == len(mem)
+
+
+def test_version_1_files_load_and_unknown_versions_fail():
+  v1 = {"version": 1,
+        "config": {"capacity": 50, "negative_capacity": 64, "eviction": "lowest_reward",
+                   "band_lo": 0.05, "band_hi": 0.85, "min_regret": 0.0,
+                   "trivial_win_rate": 0.95, "num_exemplars": 2, "no_memory": False},
+        "records": [rec().to_dict()]}
+  mem = EnvMemory.from_json(v1)
+  assert mem.config == MemoryConfig(capacity=50, eviction="lowest_reward", band_lo=0.05)
+  assert [r.to_dict() for r in mem] == [rec().to_dict()]
+  with pytest.raises(ValueError, match="version 99.*reads versions 1 and 2"):
+    EnvMemory.from_json(dict(v1, version=99))
 
 
 def test_render_program_never_cuts_mid_class():

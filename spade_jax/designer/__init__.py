@@ -7,12 +7,13 @@ contract the prompts render is :mod:`spade_jax.envs.contract`.
 from spade_jax.designer.corpus import SOURCES, Corpus, CorpusConfig, Document, truncate
 from spade_jax.designer.hints import HINT_SOURCES, Hint, clean_hint, finalize_hint, hint_leaks
 from spade_jax.designer.memory import (EnvMemory, MemoryConfig, MemoryRecord, code_hash,
-                                       render_program)
-from spade_jax.designer.prompts import agent_system_prompt, designer_prompt, hint_prompt
+                                       elided_program, render_program)
+from spade_jax.designer.prompts import (agent_system_prompt, designer_prompt, hint_prompt,
+                                        hinted_observation)
 
 __all__ = [
     "Corpus", "CorpusConfig", "Document", "EnvMemory", "HINT_SOURCES", "Hint", "MemoryConfig",
     "MemoryRecord", "SOURCES", "agent_system_prompt", "clean_hint", "code_hash",
-    "designer_prompt", "finalize_hint", "hint_leaks", "hint_prompt", "render_program",
-    "truncate",
+    "designer_prompt", "elided_program", "finalize_hint", "hint_leaks", "hint_prompt",
+    "hinted_observation", "render_program", "truncate",
 ]

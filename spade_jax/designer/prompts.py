@@ -1,19 +1,23 @@
 """Prompts for the two roles: the environment designer and the reasoning agent.
 
 The designer prompt renders the env contract of :mod:`spade_jax.envs.contract`
-(settings, skills, allowed imports, size cap). ``python -m launch.prompts``
-prints a rendered designer prompt for every skill of every setting.
+(settings, skills, allowed imports, size cap) and fits a budget measured by the caller
+(characters, or tokens of the chat-wrapped message) by cutting only the grounding
+document. The hinted arm gets its hint in the first observation
+(:func:`hinted_observation`), not in the system prompt, as in the reference.
+``python -m launch.prompts`` prints a rendered designer prompt for every skill of every
+setting.
 """
 
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from spade_jax.designer.corpus import Document
-from spade_jax.designer.memory import MemoryRecord, render_program
+from spade_jax.designer.corpus import Document, truncate
+from spade_jax.designer.memory import MemoryRecord, ProgramRenderer, render_program
 from spade_jax.envs.contract import (ALLOWED_IMPORTS, MAX_SOURCE_BYTES, SETTINGS, SKILLS,
-                                     check_skill)
+                                     Setting, check_skill)
 
 CONTRACT = textwrap.dedent(f"""\
     Program contract (programs that break it are rejected):
@@ -46,136 +50,213 @@ OUTPUT_FORMAT = ("Reply with the complete program in one ```python fenced code b
                  "Do not write anything after the closing fence.")
 
 
-def _doc_section(document: Document, budget: int) -> str:
-  """The document block in at most ``budget`` characters ("" if nothing useful fits)."""
-  head = (f"Source document (id: {document.id}). Draw the theme, entities, rules or "
-          "numbers of your environment from it; the environment must be playable without "
-          "reading the document.\n<document>\n")
-  tail = "\n</document>"
-  room = budget - len(head) - len(tail)
-  text = document.text.strip()
-  if len(text) > room:
-    room -= len(" [...]")
-    cut = text[:room + 1].rsplit(None, 1)[0] if room > 0 else ""
-    if len(cut) > room:
-      cut = ""
-    if len(cut) < 200:  # Too little of the document to ground anything on.
-      return ""
-    text = cut + " [...]"
-  return head + text + tail
+_BUDGET_FIELD = "selfplay.designer_prompt_tokens"
 
 
-_EXEMPLAR_INTRO = (
-    "Environments from earlier rounds that sat at the edge of the agent's ability (hard "
-    "without help, learnable with a hint). Use them for the level of difficulty and for "
-    "the contract, not as templates to copy:")
+def _head(setting: Setting, skill: str) -> str:
+  """Task, skill with its description and the difficulty label (reference: "medium")."""
+  kind = "game or puzzle" if setting.name == "games" else "tool-use task"
+  return (f"You design training environments for a reasoning agent. Write one interactive "
+          f"{kind} as a Python program. The agent plays it over several turns: it reads "
+          "each observation and replies with an action.\n\n"
+          f"Target skill: {skill}: {setting.skills[skill]}\n"
+          "Difficulty: medium.\n\n"
+          "Aim for a task the agent solves only sometimes: hard enough that it fails "
+          "without help, but learnable, so that a good hint clearly raises its success "
+          "rate. Vary structure and difficulty through `reset(seed)`.")
 
 
-def _code_block(header: str, program: str, budget: int) -> str:
-  code = render_program(program, budget - len(header) - len("```python\n\n```"))
-  return "" if code is None else f"{header}```python\n{code}\n```"
+def _doc_section(doc_id: str, text: str) -> str:
+  return (f"Reference document (id: {doc_id}). Draw the theme, entities, rules or numbers "
+          "of your environment from it. The environment must be playable without reading "
+          "the document; do not mention the document in the observations.\n"
+          f"<document>\n{text}\n</document>")
 
 
-def _exemplar_section(exemplars: Sequence[MemoryRecord], budget: int) -> str:
-  """Exemplar programs (elided to fit, or skipped) in at most ``budget`` characters."""
-  blocks = []
-  used = len(_EXEMPLAR_INTRO)
-  for i, rec in enumerate(exemplars):
-    header = (f"Example {len(blocks) + 1} (skill: {rec.skill}; the agent solved "
-              f"{rec.win_rate_nohint:.0%} of plays without a hint and "
-              f"{rec.win_rate_hint:.0%} with one):\n")
-    per = (budget - used) // max(1, len(exemplars) - i) - 2
-    block = _code_block(header, rec.program, per)
-    if block:
-      blocks.append(block)
-      used += len(block) + 2
-  if not blocks:
+def _render_code(program: ProgramRenderer, cap: int) -> str:
+  """The program in at most ``cap`` characters where possible, never cut mid-class.
+
+  Elides method bodies as needed; below the fully elided skeleton it returns the skeleton
+  anyway. A program that does not parse (a rejected sample) keeps whole lines up to
+  ``cap``, with a marker, or is left out ("").
+  """
+  code = program.fit(cap)
+  if code is not None:
+    return code
+  if program.parses:
+    return program.skeleton()
+  lines, kept = program.program.rstrip().splitlines(), []
+  marker = "# [... {} more lines]"
+  used = len(marker.format(len(lines)))
+  for line in lines:
+    if used + len(line) + 1 > cap:
+      break
+    kept.append(line)
+    used += len(line) + 1
+  if not kept:
     return ""
-  return "\n\n".join([_EXEMPLAR_INTRO, *blocks])
+  return "\n".join(kept + [marker.format(len(lines) - len(kept))])
 
 
-def _negative_section(negative: MemoryRecord, budget: int) -> str:
-  """The negative example (code if it fits, else just its reason), or ""."""
+def _code_block(code: str) -> str:
+  return f"```python\n{code}\n```" if code else "(code not shown)"
+
+
+def _exemplar_section(setting: Setting, exemplars: Sequence[MemoryRecord],
+                      programs: Sequence[ProgramRenderer], cap: int) -> str:
+  what = "game" if setting.name == "games" else "task"
+  blocks = [
+      f"Examples of environments at the right difficulty: the agent solved them only "
+      f"sometimes without help, and more often with a hint. Create a DIFFERENT {what}: "
+      "take the level of difficulty and the contract from them, not the theme or the "
+      "mechanics."]
+  for i, (rec, program) in enumerate(zip(exemplars, programs)):
+    blocks.append(f"Example {i + 1} (skill: {rec.skill}; the agent solved "
+                  f"{rec.win_rate_nohint:.0%} of plays without a hint and "
+                  f"{rec.win_rate_hint:.0%} with one):\n"
+                  + _code_block(_render_code(program, cap)))
+  return "\n\n".join(blocks)
+
+
+def _negative_section(negative: MemoryRecord, program: ProgramRenderer, cap: int) -> str:
   reason = negative.reason or "rejected"
-  header = f"An earlier environment that did NOT work. Reason: {reason}. Avoid this failure.\n"
-  block = _code_block(header, negative.program, budget)
-  if block:
-    return block
-  short = f"An earlier environment was rejected. Reason: {reason}. Avoid this failure."
-  return short if len(short) <= budget else ""
+  return (f"An earlier environment that did NOT work. Reason: {reason}. Avoid this "
+          "failure.\n" + _code_block(_render_code(program, cap)))
 
 
 def designer_prompt(setting: str, skill: str, document: Document | None = None,
                     exemplars: Sequence[MemoryRecord] = (), negative: MemoryRecord | None = None,
-                    max_chars: int = 24_000, no_corpus: bool = False) -> str:
-  """The designer's instruction for one environment.
+                    *, budget: int | None = 24_000, count: Callable[[str], int] = len,
+                    doc_words: int | None = None, no_corpus: bool = False) -> str:
+  """The designer's instruction for one environment, within ``budget``.
 
-  Fixed parts (task, skill, interaction rules, contract, output format) are always
-  included; the document, exemplars and negative example share what remains of
-  ``max_chars`` (the document takes at most half when examples follow, exemplars at most
-  three quarters of the rest when a negative follows). Exemplar code is never cut
-  mid-class: longer programs have method bodies elided or are skipped.
+  Sections, in order: head (task, skill and its description, difficulty "medium"), the
+  document, the memory exemplars, the negative example, the interaction rules, the
+  contract, the output format. Only the document is ever cut (REFERENCE.md section 4):
+
+  1. Exemplar and negative code is shown whole if the prompt without a document fits;
+     otherwise every program is rendered under one shared character cap, as large as
+     fits, with method bodies elided (never cut mid-class; largest bodies first). If the
+     prompt does not fit even with every body elided, ValueError.
+  2. The document is cut to ``doc_words`` words, then to as many words as still fit
+     (binary search with ``count``); if no word fits, the document section is left out.
 
   Args:
     setting: ``"games"`` or ``"tool_use"``.
     skill: one of ``SKILLS[setting]``.
     document: grounding document, or None for an ungrounded prompt.
-    exemplars: memory records shown as positive examples.
+    exemplars: memory records shown as examples of the right difficulty.
     negative: a memory record shown as what to avoid, with its reason.
-    max_chars: character budget for the whole prompt (exceeded only if the fixed parts
-      alone are longer).
+    budget: the limit for ``count(prompt)``, or None for no limit (the document is then
+      cut to ``doc_words`` only and code is shown whole).
+    count: measures a prompt: characters by default; pass a token counter such as
+      ``lambda t: len(chat.prompt(None, t))`` to budget in tokens of the chat-wrapped
+      message.
+    doc_words: word cap of the document; default the setting's ``doc_words``
+      (6,000 games / 4,000 tool use).
     no_corpus: ablation switch; drops the document even if one is given.
 
   Returns:
-    The prompt text (one user message).
+    The prompt text (one user message) with ``count(prompt) <= budget``.
+
+  Raises:
+    ValueError: unknown setting or skill, or a budget too small for the sections that
+      are never dropped.
   """
   s = SETTINGS[setting]
   check_skill(setting, skill)
-  kind = "game or puzzle" if s.name == "games" else "tool-use task"
-  head = (f"You design training environments for a reasoning agent. Write one interactive "
-          f"{kind} as a Python program. The agent plays it over several turns: it reads "
-          "each observation and replies with an action.\n\n"
-          f"Target skill: {skill}: {s.skills[skill]}\n\n"
-          "Aim for a task the agent solves only sometimes: hard enough that it fails "
-          "without help, but learnable, so that a good hint clearly raises its success "
-          "rate. Vary structure and difficulty through `reset(seed)`.")
+  head = _head(s, skill)
   tail = [f"How the agent interacts: {s.interaction}", CONTRACT, OUTPUT_FORMAT]
-  budget = max_chars - len("\n\n".join([head, *tail]))
-  middle = []
+  shown = [ProgramRenderer(r.program) for r in exemplars]
+  shown_negative = ProgramRenderer(negative.program) if negative is not None else None
 
-  def add(section: str) -> None:
-    nonlocal budget
-    if section:
-      middle.append(section)
-      budget -= len(section) + 2
+  def build(doc_text: str, cap: int) -> str:
+    sections = [head]
+    if doc_text:
+      sections.append(_doc_section(document.id, doc_text))
+    if exemplars:
+      sections.append(_exemplar_section(s, exemplars, shown, cap))
+    if negative is not None:
+      sections.append(_negative_section(negative, shown_negative, cap))
+    return "\n\n".join(sections + tail)
 
-  if document is not None and not no_corpus:
-    add(_doc_section(document, (budget // 2 if (exemplars or negative) else budget) - 2))
-  if exemplars:
-    add(_exemplar_section(exemplars, (budget * 3 // 4 if negative else budget) - 2))
-  if negative is not None:
-    add(_negative_section(negative, budget - 2))
-  return "\n\n".join([head, *middle, *tail])
+  # 1. The largest shared code cap at which the prompt without a document fits.
+  programs = shown + ([shown_negative] if shown_negative is not None else [])
+  cap = max([len(p.program) for p in programs], default=0)
+  prompt = build("", cap)
+  if budget is not None and count(prompt) > budget:
+    smallest = build("", 0)
+    need = count(smallest)
+    if need > budget:
+      unit = "characters" if count is len else "tokens"
+      shrunk = (f"with every method body of its {len(programs)} example program(s) elided"
+                if programs else "with no example programs")
+      raise ValueError(
+          f"The designer prompt needs {need} {unit} without a document and {shrunk}, but "
+          f"the budget is {budget}. Raise {_BUDGET_FIELD} to at least {need} (more leaves "
+          "room for the document), or show fewer examples (memory.num_exemplars).")
+    lo, hi = 0, cap  # build("", lo) fits, build("", hi) does not.
+    while hi - lo > 1:
+      mid = (lo + hi) // 2
+      if count(build("", mid)) <= budget:
+        lo = mid
+      else:
+        hi = mid
+    cap, prompt = lo, build("", lo)
+
+  # 2. As much of the document as fits in what is left.
+  if document is None or no_corpus:
+    return prompt
+  full = document.text.strip()
+  text = truncate(full, max_words=s.doc_words if doc_words is None else doc_words)
+  n = len(text.split())
+
+  def with_words(k: int) -> str:
+    cut = truncate(text, max_words=k)
+    return build(cut + (" [...]" if len(cut) < len(full) else ""), cap) if k else prompt
+
+  candidate = with_words(n)
+  if budget is None or count(candidate) <= budget:
+    return candidate
+  lo, hi = 0, n  # with_words(lo) fits, with_words(hi) does not.
+  while hi - lo > 1:
+    mid = (lo + hi) // 2
+    if count(with_words(mid)) <= budget:
+      lo = mid
+    else:
+      hi = mid
+  return with_words(lo)
 
 
-def agent_system_prompt(setting: str, hint: str | None = None) -> str:
-  """System prompt for the reasoning agent.
+def agent_system_prompt(setting: str) -> str:
+  """System prompt for the reasoning agent (both arms; the hint goes in the observation).
 
   Args:
     setting: ``"games"`` or ``"tool_use"``.
-    hint: privileged hint for the hinted arm, or None for the unhinted arm.
 
   Returns:
     The system message text.
   """
   s = SETTINGS[setting]
   what = "an interactive puzzle or game" if s.name == "games" else "a task that needs tools"
-  text = (f"You are solving {what} over several turns. The environment describes the "
+  return (f"You are solving {what} over several turns. The environment describes the "
           f"task and responds to each of your actions. {s.agent_rules} Think carefully "
           "before acting: wasted or invalid actions use up turns.")
-  if hint:
-    text += f"\n\nHint for this task:\n{hint.strip()}"
-  return text
+
+
+def hinted_observation(observation: str, hint: str | None) -> str:
+  """The first observation of a hinted play: the hint appended, as the reference does.
+
+  Args:
+    observation: the environment's first observation (from ``reset``).
+    hint: the hint, or None / "" for an unhinted play.
+
+  Returns:
+    ``observation`` unchanged without a hint, else the observation followed by the hint.
+  """
+  if not hint or not hint.strip():
+    return observation
+  return f"{observation}\n\nHint:\n{hint.strip()}"
 
 
 def hint_prompt(program: str, setting: str, max_chars: int = 24_000) -> str:
@@ -328,12 +409,16 @@ class CoinChangeEnv:
 
 
 def render_all(max_chars: int = 12_000) -> str:
-  """Every designer prompt (all settings and skills) with demo context, as one text."""
+  """Every designer prompt (all settings and skills) with demo context, as one text.
+
+  Args:
+    max_chars: character budget of each prompt.
+  """
   out = []
   for setting, skills in SKILLS.items():
     doc, exemplars, negative = _demo_records(setting)
     for skill in skills:
-      prompt = designer_prompt(setting, skill, doc, exemplars, negative, max_chars=max_chars)
+      prompt = designer_prompt(setting, skill, doc, exemplars, negative, budget=max_chars)
       out.append(f"===== setting={setting} skill={skill} ({len(prompt)} chars) =====\n{prompt}")
   return "\n\n".join(out)
 

@@ -1,4 +1,10 @@
-"""One metrics path: JSON lines + TensorBoard through clu, with a NaN guard."""
+"""One metrics path: JSON lines + TensorBoard through clu, with a NaN guard.
+
+Scalars go to ``<workdir>/metrics.jsonl`` and TensorBoard, per-item records (one row per
+designer sample, say) to ``<workdir>/<name>.jsonl``. Every row carries its step, and a
+writer opened to resume at step ``s`` first drops rows past ``s`` that an interrupted run
+wrote after its last checkpoint, so a resumed run's files equal an uninterrupted run's.
+"""
 
 from __future__ import annotations
 
@@ -30,12 +36,17 @@ class MetricsWriter:
   Only process 0 writes files; other hosts only check values.
   """
 
-  def __init__(self, workdir: str, tensorboard: bool = True):
+  def __init__(self, workdir: str, tensorboard: bool = True, resume_step: int | None = None):
     self._primary = jax.process_index() == 0
+    self._workdir = workdir
     self._path = os.path.join(workdir, "metrics.jsonl")
     self._tb = None
     if self._primary:
       os.makedirs(workdir, exist_ok=True)
+      if resume_step is not None:
+        for name in os.listdir(workdir):
+          if name.endswith(".jsonl"):
+            _drop_after(os.path.join(workdir, name), resume_step)
       if tensorboard:
         from clu import metric_writers  # pylint: disable=g-import-not-at-top
         self._tb = metric_writers.SummaryWriter(os.path.join(workdir, "tensorboard"))
@@ -55,14 +66,35 @@ class MetricsWriter:
         self._tb.flush()
     return scalars
 
+  def write_records(self, name: str, step: int, records: list[dict[str, Any]]) -> None:
+    """Appends per-item records to ``<workdir>/<name>.jsonl``, each tagged with ``step``."""
+    if not self._primary or not records:
+      return
+    with open(os.path.join(self._workdir, f"{name}.jsonl"), "a", encoding="utf-8") as f:
+      for r in records:
+        f.write(json.dumps({"step": int(step), **r}, sort_keys=True) + "\n")
+
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
 
 
-def read_metrics(workdir: str) -> list[dict[str, float]]:
-  """All rows of `<workdir>/metrics.jsonl` (empty when absent)."""
-  path = os.path.join(workdir, "metrics.jsonl")
+def _drop_after(path: str, step: int) -> None:
+  """Rewrites a JSON-lines file without its rows past ``step`` (atomically)."""
+  with open(path, encoding="utf-8") as f:
+    lines = [ln for ln in f if ln.strip()]
+  keep = [ln for ln in lines if json.loads(ln).get("step", 0) <= step]
+  if len(keep) == len(lines):
+    return
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.writelines(keep)
+  os.replace(tmp, path)
+
+
+def read_metrics(workdir: str, name: str = "metrics") -> list[dict[str, Any]]:
+  """All rows of ``<workdir>/<name>.jsonl`` (empty when absent)."""
+  path = os.path.join(workdir, f"{name}.jsonl")
   if not os.path.exists(path):
     return []
   with open(path, encoding="utf-8") as f:

@@ -64,7 +64,7 @@ def params():
 
 def _play(policy, specs, **kw):
   chat = ChatTemplate(_Bytes())
-  return run_episodes(_FakePool(), ["src"], specs, policy, chat, lambda h: "s",
+  return run_episodes(_FakePool(), ["src"], specs, policy, chat, "s",
                       max_turns=4, max_turn_tokens=6, max_len=200, **kw)
 
 
@@ -100,3 +100,39 @@ def test_slot_refill_keeps_each_episode(params):
   for a, b in zip(full, two):
     assert a.tokens == b.tokens and a.turns == b.turns and a.outcome == b.outcome
     np.testing.assert_allclose(a.logps, b.logps, atol=1e-5)
+
+
+class _ShapedPool(_FakePool):
+  """Pays 0.3 on every step; seed 0 truncates after 3 turns, seed 1 terminates with 0.5."""
+
+  def step_many(self, handles, actions):
+    out = []
+    for h in handles:
+      h["turn"] += 1
+      last = h["turn"] >= 3
+      end = (0.5, last, False) if h["seed"] == 1 else (0.3, False, last)
+      out.append(CallResult(True, ("obs", end[0] if last else 0.3, end[1], end[2], {})))
+    return out
+
+
+def test_only_the_terminal_reward_counts(params):
+  chat = ChatTemplate(_Bytes())
+  sampler = Sampler(params, CFG, SamplingConfig(temperature=0.0, eos_id=1, pad_id=0),
+                    jax.random.key(1))
+  eps = run_episodes(_ShapedPool(), ["src"], [EpisodeSpec(0, 0), EpisodeSpec(0, 1)],
+                     sampler, chat, None, max_turns=4, max_turn_tokens=4, max_len=400)
+  assert [e.outcome for e in eps] == ["truncated", "terminated"]
+  assert [e.reward for e in eps] == [0.0, 0.5]  # intermediate 0.3s never count
+
+
+def test_hint_is_appended_to_the_first_observation(params):
+  chat = ChatTemplate(_Bytes())
+  sampler = Sampler(params, CFG, SamplingConfig(temperature=0.0, eos_id=1, pad_id=0),
+                    jax.random.key(1))
+  plain, hinted = run_episodes(
+      _FakePool(), ["src"], [EpisodeSpec(0, 2), EpisodeSpec(0, 2, True, "try 7")], sampler,
+      chat, "sys", max_turns=1, max_turn_tokens=4, max_len=400)
+  first = lambda ep: chat.vocab.decode(ep.tokens[:ep.loss_mask.index(True)])
+  assert "go2" in first(plain) and "try 7" not in first(plain)
+  assert first(hinted).index("go2") < first(hinted).index("try 7")
+  assert "try 7" not in first(hinted).split("<|im_end|>")[0]  # not in the system turn

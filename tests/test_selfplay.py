@@ -10,7 +10,7 @@ import pytest
 from spade_jax import designer as dz
 from spade_jax import envs, parallel, rl, sandbox, selfplay
 from spade_jax.metrics import read_metrics
-from spade_jax.models import ByteVocab, get_preset
+from spade_jax.models import ByteVocab, HFTokenizer, get_preset
 from spade_jax.sampling import Generation, SamplingConfig
 from spade_jax.selfplay import iteration as iteration_lib
 from spade_jax.selfplay.build import make
@@ -39,7 +39,7 @@ def _designer_outputs():
 @pytest.fixture
 def scripted(monkeypatch):
   """Replaces the policy: fixed designer programs, agents always guess 50."""
-  vocab = ByteVocab()
+  vocab = HFTokenizer(tiny.TOKENIZER)
   calls = []
 
   def fake_policy(prompts, max_new_tokens):
@@ -56,15 +56,15 @@ def scripted(monkeypatch):
 
 
 def _selfplay(tmp_path, pool, **overrides):
-  cfg = get_preset("tiny")
+  cfg = get_preset("tiny", vocab_size=4096)
   mesh = parallel.make_mesh(parallel.MeshConfig())
   trainer = rl.Trainer(cfg, rl.TrainConfig(batch_size=16, seq_len=2560), rl.LossConfig(),
                        rl.OptimizerConfig(learning_rate=1e-4), mesh, parallel.RULE_SETS["fsdp"])
   kwargs = dict(skills=("logical deduction",), num_envs=4, plays=2, hinted_plays=2,
                 max_turns=2, agent_turn_tokens=32, designer_new_tokens=2048,
-                designer_prompt_tokens=256)
+                designer_prompt_tokens=1280, designer_resamples=0)
   sp_cfg = iteration_lib.SelfPlayConfig(**{**kwargs, **overrides})
-  vocab = ByteVocab()
+  vocab = HFTokenizer(tiny.TOKENIZER)
   return iteration_lib.SelfPlay(
       sp_cfg, trainer=trainer, state=trainer.init_state(jax.random.key(0)), vocab=vocab,
       sampling=SamplingConfig(eos_id=vocab.eos_id), pool=pool,
@@ -91,10 +91,14 @@ def test_scripted_iteration_classifies_and_trains(tmp_path, scripted, pool):
   # The valid program plays in slot 0; invalid slots were refilled from the pool.
   assert [s.origin for s in sp.slots] == ["designer", "pool", "pool", "pool"]
   assert m["agent/episodes"] == 4 * (2 + 2)
-  # Three invalid samples credited at once with the penalty, the valid one after
-  # its credit window (1 iteration): four designer rows and 8 unhinted agent rows.
-  assert m["designer/credited"] == 4
+  # The cohort (three invalid samples, penalised, and the valid one) is credited
+  # together after its credit window (1 iteration): four designer rows, then the 8
+  # unhinted agent rows; the invalid penalty is centred with the cohort.
+  assert m["designer/credited"] == 4 and m["designer/trained"] == 4
+  assert m["designer/credit/invalid"] == 3 and m["designer/credit/played"] == 1
+  assert abs(m["designer/reward_mean"]) < 1e-5
   assert m["batch/designer_rows"] == 4 and m["batch/agent_rows"] == 8
+  assert [r["verdict"] for r in sp.sample_records] == ["valid", "timeout", "syntax", "no_code"]
   assert m["train/designer_tokens"] > 0 and m["train/agent_tokens"] > 0
   assert sp.memory.records and any(r.reason == "syntax" for r in sp.memory.records)
   # Nothing pending after the credit; host state survives a JSON round trip.
@@ -104,6 +108,16 @@ def test_scripted_iteration_classifies_and_trains(tmp_path, scripted, pool):
   assert [s.source for s in sp2.slots] == [s.source for s in sp.slots]
   assert sp2.corpus.state() == sp.corpus.state()
   assert len(sp2.memory) == len(sp.memory)
+
+
+def test_invalid_samples_are_resampled(tmp_path, scripted, pool):
+  sp = _selfplay(tmp_path, pool, designer_resamples=2)
+  m = sp.iteration(0)
+  # Calls see 4, 3 and 2 prompts; each call's first output is the valid program.
+  assert m["designer/samples"] == 9 and m["designer/valid"] == 3
+  assert m["designer/resampled"] == 5
+  assert [s.origin for s in sp.slots] == ["designer"] * 3 + ["pool"]
+  assert m["designer/credited"] == 9 and m["designer/credit/invalid"] == 6
 
 
 def test_hinted_plays_use_unhinted_seeds(tmp_path, scripted, pool, monkeypatch):
@@ -158,9 +172,18 @@ def test_smoke_run_two_iterations_then_resume(tmp_path):
   last = selfplay.train(config, workdir)
   rows = read_metrics(workdir)
   assert [r["step"] for r in rows] == [1, 2]
-  for key in ("designer/valid_rate", "rewards/regret_mean", "agent/reward_nohint",
-              "agent/reward_hint", "time/play", "time/train", "train/loss"):
+  for key in ("designer/valid_rate", "designer/resampled", "rewards/regret_mean",
+              "agent/reward_nohint", "agent/reward_hint", "time/play", "time/train",
+              "train/loss", "train/tis_weight_mean", "train/designer_tis_weight_mean",
+              "sampling/designer/temperature", "sampling/hint/temperature",
+              "sampling/agent/top_k"):
     assert key in rows[-1], key
+  assert rows[0]["sampling/hint/temperature"] == 0.3
+  samples = read_metrics(workdir, "designer_samples")
+  assert len(samples) == rows[0]["designer/credited"] + rows[1]["designer/credited"]
+  for key in ("iteration_written", "iteration_credited", "slot", "skill", "verdict", "Rh",
+              "Rn0", "w", "raw", "reward", "policy_version"):
+    assert key in samples[0], key
   assert sum(v for k, v in rows[0].items() if k.startswith("designer/rejected/")) + \
       rows[0]["designer/valid"] == rows[0]["designer/samples"]
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["1", "2"]
@@ -171,3 +194,4 @@ def test_smoke_run_two_iterations_then_resume(tmp_path):
   config.iterations = 3
   selfplay.train(config, workdir)
   assert [r["step"] for r in read_metrics(workdir)] == [1, 2, 3]
+  assert {r["step"] for r in read_metrics(workdir, "designer_samples")} == {1, 2, 3}

@@ -160,3 +160,11 @@ def test_require_solution(pool):
 def test_validate_without_pool():
   v = validate_program(builtin_programs()["guess_number"], None, CFG)
   assert v.valid, v.detail
+
+
+def test_behaviour_checks_switch_back_to_load_and_reset(pool):
+  plain = dataclasses.replace(CFG, behaviour_checks=False)
+  for name in ("infeasible", "trivial", "nondeterministic"):
+    assert validate_program(fixture(name), pool, plain).valid, name
+  assert validate_program("```python\nclass BrokenEnv(:\n  pass\n```", pool,
+                          plain).reason == "syntax"

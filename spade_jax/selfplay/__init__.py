@@ -7,11 +7,11 @@ batch (``batch``) -> train step. ``build`` turns a config into the parts; ``loop
 drives iterations, checkpoints and metrics.
 """
 
-from spade_jax.selfplay.batch import Row, build_batch
+from spade_jax.selfplay.batch import Row, build_batches
 from spade_jax.selfplay.buffer import RegretBuffer
 from spade_jax.selfplay.build import Run, RunConfig, build, load_vocab, make, resolve
 from spade_jax.selfplay.episodes import Episode, EpisodeSpec, run_episodes
-from spade_jax.selfplay.iteration import SelfPlay, SelfPlayConfig, Slot
+from spade_jax.selfplay.iteration import RoleSampling, SelfPlay, SelfPlayConfig, Slot
 from spade_jax.selfplay.loop import progress_line, train
 from spade_jax.selfplay.rewards import (VARIANTS, EnvStats, RewardConfig, RewardOutput,
-                                        compute_rewards, plateau)
+                                        compute_rewards, credit, plateau, reference_scale)

@@ -13,7 +13,9 @@ mesh       ``spade_jax.parallel.MeshConfig``
 train      ``spade_jax.rl.TrainConfig``
 loss       ``spade_jax.rl.LossConfig``
 optimizer  ``spade_jax.rl.OptimizerConfig``
-sampling   ``spade_jax.sampling.SamplingConfig`` (eos/pad ids from the tokenizer)
+sampling   ``spade_jax.sampling.SamplingConfig`` of the agent (eos/pad ids from the
+           tokenizer); ``designer_sampling`` and ``hint_sampling`` the same for the
+           designer and the hint writer; unset fields take the reference's values
 selfplay   :class:`spade_jax.selfplay.SelfPlayConfig`
 rewards    :class:`spade_jax.selfplay.RewardConfig`
 sandbox    ``spade_jax.sandbox.SandboxConfig``
@@ -38,7 +40,7 @@ from spade_jax import envs, parallel, rl, sandbox
 from spade_jax.designer import Corpus, CorpusConfig, EnvMemory, MemoryConfig
 from spade_jax.models import ByteVocab, HFTokenizer, ModelConfig
 from spade_jax.sampling import SamplingConfig
-from spade_jax.selfplay.iteration import SelfPlay, SelfPlayConfig
+from spade_jax.selfplay.iteration import RoleSampling, SelfPlay, SelfPlayConfig
 from spade_jax.selfplay.rewards import RewardConfig
 
 # Top-level scalars and their defaults.
@@ -47,8 +49,18 @@ SCALARS = {"seed": 0, "iterations": 3, "checkpoint_every": 1, "keep_checkpoints"
 SECTIONS = {
     "model": ModelConfig, "mesh": parallel.MeshConfig, "train": rl.TrainConfig,
     "loss": rl.LossConfig, "optimizer": rl.OptimizerConfig, "sampling": SamplingConfig,
+    "designer_sampling": SamplingConfig, "hint_sampling": SamplingConfig,
     "selfplay": SelfPlayConfig, "rewards": RewardConfig, "sandbox": sandbox.SandboxConfig,
     "validation": envs.ValidationConfig, "corpus": CorpusConfig, "memory": MemoryConfig,
+}
+
+
+# The reference's sampling per role (REFERENCE §1): T 0.6 / top-p 0.95 / top-k 20 for the
+# designer and the agent, T 0.3 for the hint writer.
+ROLE_SAMPLING = {
+    "sampling": {"temperature": 0.6, "top_p": 0.95, "top_k": 20},
+    "designer_sampling": {"temperature": 0.6, "top_p": 0.95, "top_k": 20},
+    "hint_sampling": {"temperature": 0.3, "top_p": 0.95, "top_k": 20},
 }
 
 
@@ -91,6 +103,8 @@ class RunConfig:
   loss: rl.LossConfig
   optimizer: rl.OptimizerConfig
   sampling: SamplingConfig
+  designer_sampling: SamplingConfig
+  hint_sampling: SamplingConfig
   selfplay: SelfPlayConfig
   rewards: RewardConfig
   sandbox: sandbox.SandboxConfig
@@ -117,7 +131,8 @@ def resolve(config, vocab=None) -> RunConfig:
   scalars = {k: config[k] if k in config else v for k, v in SCALARS.items()}
   vocab = vocab or load_vocab(scalars["tokenizer"])
   parts = {name: _section(config, name) for name in SECTIONS}
-  parts["sampling"] = {"eos_id": vocab.eos_id, "pad_id": vocab.pad_id, **parts["sampling"]}
+  for role, defaults in ROLE_SAMPLING.items():
+    parts[role] = {"eos_id": vocab.eos_id, "pad_id": vocab.pad_id, **defaults, **parts[role]}
   built = {name: make(SECTIONS[name], parts[name], name)
            for name in SECTIONS if name not in ("validation",)}
   built["validation"] = make(envs.ValidationConfig,
@@ -144,7 +159,8 @@ class Run:
     c = self.config
     return SelfPlay(c.selfplay, trainer=self.trainer,
                     state=self.trainer.init_state(jax.random.key(c.seed)), vocab=self.vocab,
-                    sampling=c.sampling, pool=pool,
+                    sampling=RoleSampling(c.designer_sampling, c.hint_sampling, c.sampling),
+                    pool=pool,
                     corpus=Corpus(c.corpus, workdir=workdir, seed=c.seed),
                     memory=EnvMemory(c.memory), reward_cfg=c.rewards,
                     validation=c.validation, seed=c.seed)

@@ -12,6 +12,11 @@ re-reads the whole transcript each turn.
 Transcripts are token lists with a loss mask that is True only on tokens the
 policy generated; they are exactly the ids the sampler conditioned on, and
 the log-probs are those it sampled with.
+
+An episode's reward is the reference's: the (clipped) reward of its last step
+if the env terminated it, else 0. Intermediate step rewards never count, so an
+env cannot hand out partial credit that places its win rate at will. A hinted
+play sees its hint appended to the first observation.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ from typing import Callable, Sequence
 
 import jax
 
+from spade_jax.designer import hinted_observation
 from spade_jax.models.chat import ChatTemplate
 from spade_jax.sampling import Generation, Output, Sampler, Turn, schedule
+from spade_jax.sandbox import FAILURES
 
 Policy = Sampler | Callable[[list[list[int]], int], Generation]
 
@@ -54,6 +61,11 @@ class Episode:
   def solved(self) -> bool:
     return self.outcome == "solved"
 
+  @property
+  def failed(self) -> bool:
+    """Ended by a sandbox failure (the env's fault, not the agent's)."""
+    return self.outcome in FAILURES
+
 
 def _extend(ep: Episode, ids: Sequence[int], mask: bool, logps=None) -> None:
   ep.tokens.extend(ids)
@@ -62,9 +74,8 @@ def _extend(ep: Episode, ids: Sequence[int], mask: bool, logps=None) -> None:
 
 
 def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
-                 policy: Policy, chat: ChatTemplate, system_prompt: Callable[[str | None], str],
+                 policy: Policy, chat: ChatTemplate, system_prompt: str | None,
                  *, max_turns: int, max_turn_tokens: int, max_len: int,
-                 hint_fn: Callable[[list], list[str | None]] | None = None,
                  max_slots: int | None = None, action_mode: str = "auto") -> list[Episode]:
   """Plays every spec to the end and returns one `Episode` per spec.
 
@@ -76,14 +87,11 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
       `(prompts, max_new_tokens) -> Generation` callable (re-reads the whole
       transcript every turn).
     chat: chat template of the policy's vocabulary.
-    system_prompt: hint -> agent system prompt.
+    system_prompt: the agent's system prompt (None: no system turn).
     max_turns: turns per episode (the env may end earlier).
     max_turn_tokens: new tokens per agent turn.
     max_len: transcript token budget; an episode that would exceed it ends
       with outcome "context".
-    hint_fn: for hinted specs without a fixed `hint`: called once with their
-      live handles after reset, returns one hint (or None) per handle, e.g.
-      from the programs' own hint().
     max_slots: with a `Sampler`, rows of the engine (default: one per
       episode); episodes beyond it wait for a slot to free up.
     action_mode: how the sandbox hands each turn's text to `step`: "auto"
@@ -99,19 +107,14 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
   try:
     resets = pool.reset_many(handles, seeds=[s.seed for s in specs])
     episodes = [Episode(spec, [], [], []) for spec in specs]
-    hints = [s.hint if s.hinted else None for s in specs]
-    ask = [i for i, (s, r) in enumerate(zip(specs, resets))
-           if r.ok and s.hinted and s.hint is None]
-    if ask and hint_fn is not None:
-      for i, h in zip(ask, hint_fn([handles[i] for i in ask])):
-        hints[i] = h
     running: list[int] = []
     for i, (ep, res) in enumerate(zip(episodes, resets)):
       if not res.ok:
         ep.outcome = res.reason or "crash"
         continue
       obs, _ = res.value
-      _extend(ep, chat.prompt(system_prompt(hints[i]), obs), False)
+      hint = ep.spec.hint if ep.spec.hinted else None
+      _extend(ep, chat.prompt(system_prompt, hinted_observation(obs, hint)), False)
       if len(ep.tokens) + max_turn_tokens > max_len:
         ep.outcome = "context"
         continue
@@ -144,8 +147,8 @@ def _step_results(episodes, chat, idx, results, max_turn_tokens, max_len):
     if not math.isfinite(reward):
       ep.outcome = "contract"
       continue
-    ep.reward = max(-1.0, min(1.0, ep.reward + float(reward)))
     if terminated:
+      ep.reward = max(-1.0, min(1.0, float(reward)))
       ep.outcome = "solved" if reward >= 1.0 else "terminated"
       continue
     if truncated:

@@ -1,10 +1,17 @@
-"""One SPADE self-play iteration: design, validate, play, credit, train.
+"""One SPADE self-play iteration: design, validate, hint, play, credit, train.
 
-`SelfPlay` owns the host-side state (env slots, designer samples awaiting
-credit, corpus position, environment memory) and the device-side state (train
-state, regret buffer). `iteration(it)` runs the data path of DESIGN section 3
-once and returns its metrics. All host state round-trips through
-`host_state()` / `restore_host_state()` for checkpoints.
+`SelfPlay` owns the host-side state (env slots, designer samples awaiting credit,
+corpus position, environment memory) and the device-side state (train state, regret
+buffer). `iteration(it)` runs the data path of DESIGN section 3 once and returns its
+metrics; every designer sample credited in it leaves a record in `sample_records`. All
+host state round-trips through `host_state()` / `restore_host_state()` for checkpoints.
+
+Per REFERENCE §1, at a regeneration (`it % regen_every == 0`) every slot gets a new
+designer program for one of `skills_per_regen` skills chosen round-robin; a sample that
+fails validation is resampled up to `designer_resamples` times; the policy reads each
+program and writes a hint (its own sampling); hinted plays happen at the regeneration step
+only, on the unhinted plays' seeds. A designer sample is credited `credit_window`
+iterations after it was written, together with its cohort.
 """
 
 from __future__ import annotations
@@ -22,12 +29,13 @@ from spade_jax import envs
 from spade_jax.models import ChatTemplate
 from spade_jax.rl import Trainer, TrainState
 from spade_jax.sampling import Sampler, SamplingConfig, num_compiled_programs
-from spade_jax.selfplay.batch import Row, build_batch
+from spade_jax.sandbox import FAILURES
+from spade_jax.selfplay import rewards as rw
+from spade_jax.selfplay.batch import Row, build_batches
 from spade_jax.selfplay.buffer import RegretBuffer
 from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes
-from spade_jax.selfplay.rewards import RewardConfig, compute_rewards
-# Episode outcomes that are the env's fault: excluded from win rates.
-_AGENT_OUTCOMES = ("solved", "terminated", "truncated", "max_turns", "context")
+
+ROLES = ("designer", "hint", "agent")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,22 +43,30 @@ class SelfPlayConfig:
   """Shape of one iteration.
 
   Attributes:
-    setting: "games" or "tool_use".
+    setting: a name in `envs.SETTINGS` ("games" or "tool_use").
     skills: skills to design for (empty: every skill of the setting).
     num_envs: env slots E (one designer sample per slot per regeneration).
-    plays: unhinted plays N per env.
-    hinted_plays: hinted plays M per env, on the unhinted plays' seeds.
+    plays: unhinted plays N per env and iteration.
+    hinted_plays: hinted plays M per env at its regeneration step, on the unhinted seeds.
     max_turns: agent turns per episode.
     agent_turn_tokens: new tokens per agent turn.
     designer_new_tokens: new tokens per designer program.
-    designer_prompt_chars: character budget of the designer prompt.
-    designer_prompt_tokens: keep only the last this-many prompt tokens (0: all).
+    designer_prompt_tokens: token budget of the designer prompt (chat markup included);
+      the document is cut to fit, never the rest. 0: no budget.
+    skills_per_regen: skills designed for at one regeneration, rotating round-robin
+      (reference 3 of 6); 0: every skill each time.
+    designer_resamples: times a slot's designer sample is redrawn after failing
+      validation (reference 5).
     regen_every: iterations between designer regenerations of all slots.
-    hint_source: "program" (the env's hint()) or "policy" (the model reads the
-      program and writes a hint).
+    hint_source: "policy" (reference: the model reads the program and writes a hint) or
+      "program" (the program's own hint()).
     hint_tokens: new tokens of a policy-written hint.
-    fill_from_pool: slots whose designer program was invalid play a built-in
-      program instead (not credited to the designer).
+    hint_leak_check: drop a hint that spells out the episode's solution() actions (the
+      hinted play then runs unhinted).
+    matched_hint_seeds: hinted plays reuse the unhinted plays' seeds, so both regret arms
+      see the same instances; False draws their own seeds (the reference).
+    fill_from_pool: slots without a valid designer program play a built-in program
+      instead (never credited to the designer).
     fixed_pool: never call the designer; play built-in programs only (baseline).
     train_designer: put credited designer samples in the GRPO batch.
     no_corpus: ablation: designer prompts without a document.
@@ -64,11 +80,14 @@ class SelfPlayConfig:
   max_turns: int = 3
   agent_turn_tokens: int = 48
   designer_new_tokens: int = 256
-  designer_prompt_chars: int = 24_000
   designer_prompt_tokens: int = 0
+  skills_per_regen: int = 3
+  designer_resamples: int = 5
   regen_every: int = 1
-  hint_source: str = "program"
+  hint_source: str = "policy"
   hint_tokens: int = 128
+  hint_leak_check: bool = True
+  matched_hint_seeds: bool = True
   fill_from_pool: bool = True
   fixed_pool: bool = False
   train_designer: bool = True
@@ -81,6 +100,22 @@ class SelfPlayConfig:
     for name in ("num_envs", "plays", "hinted_plays", "max_turns", "regen_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"selfplay.{name} must be >= 1; got {getattr(self, name)}.")
+    for name in ("skills_per_regen", "designer_resamples", "designer_prompt_tokens"):
+      if getattr(self, name) < 0:
+        raise ValueError(f"selfplay.{name} must be >= 0; got {getattr(self, name)}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleSampling:
+  """One sampling rule per role: the designer, the hint writer and the agent."""
+
+  designer: SamplingConfig
+  hint: SamplingConfig
+  agent: SamplingConfig
+
+  @classmethod
+  def of(cls, sampling: SamplingConfig | RoleSampling) -> RoleSampling:
+    return sampling if isinstance(sampling, RoleSampling) else cls(sampling, sampling, sampling)
 
 
 @dataclasses.dataclass
@@ -91,8 +126,8 @@ class Slot:
   origin: str = "none"          # "designer" | "pool" | "none"
   skill: int = -1               # index into the setting's skills; -1 not credited
   doc_id: str = ""
+  written: int = -1             # iteration its designer sample was written
   hint: str | None = None       # policy-written hint for the current program
-  age: int = 0
 
 
 @dataclasses.dataclass
@@ -106,16 +141,19 @@ class DesignSample:
   logps: list[float]
   prompt_len: int
   program: str | None
-  reason: str | None
+  reason: str | None            # None: the program was valid and installed
   iteration: int
+  attempt: int = 0
+  policy_version: int = 0
+  failed: bool = False          # its env hit a sandbox failure while played
 
 
 class SelfPlay:
   """Runs self-play iterations over a trainer, a sandbox pool and designer parts."""
 
   def __init__(self, cfg: SelfPlayConfig, *, trainer: Trainer, state: TrainState,
-               vocab, sampling: SamplingConfig, pool, corpus: dz.Corpus,
-               memory: dz.EnvMemory, reward_cfg: RewardConfig,
+               vocab, sampling: SamplingConfig | RoleSampling, pool, corpus: dz.Corpus,
+               memory: dz.EnvMemory, reward_cfg: rw.RewardConfig,
                validation: envs.ValidationConfig, seed: int = 0):
     self.setting = envs.SETTINGS[cfg.setting]
     self.skills = cfg.skills or envs.SKILLS[cfg.setting]
@@ -126,136 +164,193 @@ class SelfPlay:
           f"rewards.credit_window={reward_cfg.credit_window} exceeds "
           f"selfplay.regen_every={cfg.regen_every}: a program would be replaced before "
           "its credit is due. Set credit_window <= regen_every.")
+    if reward_cfg.scale is None:
+      reward_cfg = dataclasses.replace(
+          reward_cfg, scale=rw.reference_scale(cfg.plays, cfg.regen_every))
     self.cfg, self.trainer, self.state = cfg, trainer, state
-    self.vocab, self.chat, self.sampling = vocab, ChatTemplate(vocab), sampling
+    self.vocab, self.chat = vocab, ChatTemplate(vocab)
+    self.sampling = RoleSampling.of(sampling)
     self.pool, self.corpus, self.memory = pool, corpus, memory
     self.reward_cfg, self.validation = reward_cfg, validation
     self.seed = seed
     self.base_key = jax.random.key(seed)
     self.pool_programs = list(envs.builtin_programs().values())
     self.slots = [Slot() for _ in range(cfg.num_envs)]
+    self.fresh = np.zeros(cfg.num_envs, bool)  # slots given a new program since the last play
     self.pending: list[DesignSample] = []
-    self.buffer_fresh: np.ndarray | None = None  # slots given new programs this iteration
+    self.sample_records: list[dict[str, Any]] = []
     self.buffer = RegretBuffer.create(cfg.num_envs, cfg.plays, cfg.hinted_plays,
-                                      window=max(reward_cfg.credit_window, 1))
+                                      window=max(reward_cfg.credit_window, 1),
+                                      num_skills=len(envs.SKILLS[cfg.setting]))
 
   # -- policy ----------------------------------------------------------------
-  def _policy(self, it: int, phase: int) -> Sampler:
-    # Call n of this (iteration, phase) draws with fold_in(base, it, phase, n).
-    key = jax.random.fold_in(jax.random.fold_in(self.base_key, it), phase)
-    return Sampler(self.state.params, self.trainer.model_cfg, self.sampling, key,
-                   mesh=self.trainer.mesh, rules=self.trainer.rules)
+  def _policy(self, it: int, role: str) -> Sampler:
+    # Call n of this (iteration, role) draws with fold_in(base, it, role, n).
+    key = jax.random.fold_in(jax.random.fold_in(self.base_key, it), ROLES.index(role))
+    return Sampler(self.state.params, self.trainer.model_cfg, getattr(self.sampling, role),
+                   key, mesh=self.trainer.mesh, rules=self.trainer.rules)
 
   def _seed(self, *parts: int) -> int:
     return int(np.random.SeedSequence([self.seed, *parts]).generate_state(1)[0] >> 1)
 
+  def _count_tokens(self, text: str) -> int:
+    return len(self.chat.prompt(None, text))
+
   # -- design ----------------------------------------------------------------
-  def _design(self, it: int, metrics: dict, times: dict) -> list[Row]:
-    """Regenerates every slot; returns rows for samples credited right away."""
+  def _regen_skills(self, it: int) -> list[str]:
+    """Skill of each slot at this regeneration: `skills_per_regen` skills round-robin."""
+    k = min(self.cfg.skills_per_regen or len(self.skills), len(self.skills))
+    g = it // self.cfg.regen_every
+    chosen = [self.skills[(g * k + j) % len(self.skills)] for j in range(k)]
+    return [chosen[e % k] for e in range(self.cfg.num_envs)]
+
+  def _design(self, it: int, metrics: dict, times: dict) -> None:
+    """Regenerates every slot, resampling invalid programs; samples join `pending`."""
     cfg, E = self.cfg, self.cfg.num_envs
-    self.buffer_fresh = np.ones(E, bool)
+    self.fresh[:] = True
     if cfg.fixed_pool:
       for e in range(E):
         self._install_pool(e, it)
-      return []
+      return
     t0 = time.perf_counter()
-    skills = [self.skills[(it // cfg.regen_every + e) % len(self.skills)] for e in range(E)]
+    skills = self._regen_skills(it)
     prompts, docs = [], []
+    budget = cfg.designer_prompt_tokens or None
     for e, skill in enumerate(skills):
       doc = None if cfg.no_corpus else self.corpus.next()
       docs.append(doc)
       text = dz.designer_prompt(
           cfg.setting, skill, doc,
-          exemplars=self.memory.exemplars(skill, setting=cfg.setting),
-          negative=self.memory.negative(skill, setting=cfg.setting, seed=it + e),
-          max_chars=cfg.designer_prompt_chars, no_corpus=cfg.no_corpus)
-      ids = self.chat.prompt(None, text)
-      if cfg.designer_prompt_tokens:
-        ids = ids[-cfg.designer_prompt_tokens:]
-      prompts.append(ids)
-    gen = self._policy(it, 0)(prompts, cfg.designer_new_tokens)
-    texts = [self.vocab.decode(t) for t in gen.tokens]
-    times["design"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    verdicts = envs.validate_many(texts, self.pool, self.validation)
-    times["validate"] = time.perf_counter() - t0
-
-    rows, reasons = [], collections.Counter()
-    for e, (skill, doc, p, toks, lps, v) in enumerate(
-        zip(skills, docs, prompts, gen.tokens, gen.logprobs, verdicts)):
-      sample = DesignSample(e, envs.skill_index(cfg.setting, skill), doc.id if doc else "",
-                            p + toks, [0.0] * len(p) + lps, len(p), v.source, v.reason, it)
-      if v.valid:
-        self.slots[e] = Slot(v.source, "designer", sample.skill, sample.doc_id)
+          exemplars=self.memory.exemplars(skill, setting=cfg.setting,
+                                          seed=self._seed(it, e, 1)),
+          negative=self.memory.negative(skill, setting=cfg.setting, seed=self._seed(it, e, 2)),
+          no_corpus=cfg.no_corpus, budget=budget, count=self._count_tokens)
+      prompts.append(self.chat.prompt(None, text))
+    designer = self._policy(it, "designer")
+    version = int(jax.device_get(self.state.step))
+    need, attempts, valid = list(range(E)), 0, 0
+    reasons: collections.Counter = collections.Counter()
+    finished, tokens, validate_s = [], 0, 0.0
+    for attempt in range(cfg.designer_resamples + 1):
+      if not need:
+        break
+      gen = designer([prompts[e] for e in need], cfg.designer_new_tokens)
+      t1 = time.perf_counter()
+      verdicts = envs.validate_many([self.vocab.decode(t) for t in gen.tokens], self.pool,
+                                    self.validation)
+      validate_s += time.perf_counter() - t1
+      finished += gen.finished
+      tokens += sum(len(t) for t in gen.tokens)
+      attempts += len(need)
+      retry = []
+      for e, toks, lps, v in zip(need, gen.tokens, gen.logprobs, verdicts):
+        p = prompts[e]
+        doc_id = docs[e].id if docs[e] else ""
+        sample = DesignSample(e, envs.skill_index(cfg.setting, skills[e]), doc_id, p + toks,
+                              [0.0] * len(p) + lps, len(p), v.source, v.reason, it, attempt,
+                              version)
         self.pending.append(sample)
-        continue
-      reasons[v.reason] += 1
-      if v.source:
-        self.memory.add(dz.MemoryRecord(program=v.source, doc_id=sample.doc_id,
-                                        skill=skill, reason=v.reason, iteration=it,
-                                        setting=cfg.setting))
-      rows.append(self._design_row(sample, self.reward_cfg.invalid_penalty))
+        if v.valid:
+          valid += 1
+          self.slots[e] = Slot(v.source, "designer", sample.skill, doc_id, written=it)
+          continue
+        reasons[v.reason] += 1
+        retry.append(e)
+        if v.source:
+          self.memory.add(dz.MemoryRecord(program=v.source, doc_id=doc_id, skill=skills[e],
+                                          reason=v.reason, iteration=it,
+                                          setting=cfg.setting))
+      need = retry
+    for e in need:
       if cfg.fill_from_pool:
         self._install_pool(e, it)
       else:
         self.slots[e] = Slot()
-    metrics["designer/samples"] = E
-    metrics["designer/valid"] = E - sum(reasons.values())
-    metrics["designer/valid_rate"] = metrics["designer/valid"] / E
+    times["design"] = time.perf_counter() - t0 - validate_s
+    times["validate"] = validate_s
+    metrics["designer/samples"] = attempts
+    metrics["designer/valid"] = valid
+    metrics["designer/valid_rate"] = valid / max(attempts, 1)
+    metrics["designer/resampled"] = attempts - E
+    metrics["designer/slots_filled"] = valid
     for r in envs.REASONS:
       metrics[f"designer/rejected/{r}"] = reasons.get(r, 0)
-    metrics["designer/finished_rate"] = float(np.mean(gen.finished))
-    if cfg.hint_source == "policy":
-      self._policy_hints(it)
-    return rows
+    metrics["sampling/designer/tokens"] = tokens
+    metrics["sampling/designer/finished_rate"] = float(np.mean(finished)) if finished else 0.0
 
   def _install_pool(self, e: int, it: int) -> None:
     src = self.pool_programs[(it + e) % len(self.pool_programs)]
     self.slots[e] = Slot(src, "pool", -1)
+    self.fresh[e] = True
 
-  def _policy_hints(self, it: int) -> None:
-    live = [e for e, s in enumerate(self.slots) if s.source]
+  def _policy_hints(self, it: int, metrics: dict) -> None:
+    """The policy reads each new program and writes its hint (REFERENCE §1.4)."""
+    live = [e for e, s in enumerate(self.slots) if s.source and self.fresh[e]]
+    if not live:
+      return
     prompts = [self.chat.prompt(None, dz.hint_prompt(self.slots[e].source, self.cfg.setting))
                for e in live]
-    gen = self._policy(it, 1)(prompts, self.cfg.hint_tokens)
+    gen = self._policy(it, "hint")(prompts, self.cfg.hint_tokens)
     for e, toks in zip(live, gen.tokens):
-      self.slots[e].hint = dz.finalize_hint(self.vocab.decode(toks), "policy").text
+      self.slots[e].hint = dz.clean_hint(self.vocab.decode(toks))
+    metrics["sampling/hint/tokens"] = sum(len(t) for t in gen.tokens)
+    metrics["sampling/hint/finished_rate"] = float(np.mean(gen.finished))
 
-  def _program_hints(self, handles) -> list[str | None]:
-    hints = self.pool.call_many(handles, "hint")
-    sols = self.pool.call_many(handles, "solution")
-    out = []
-    for h, s in zip(hints, sols):
-      sol = s.value if s.ok and isinstance(s.value, list) else None
-      out.append(dz.finalize_hint(h.value if h.ok else None, "program", sol).text)
+  def _episode_hints(self, pairs: list[tuple[int, int]]) -> dict[tuple[int, int], str | None]:
+    """Hint of each hinted (slot, seed), from instances of their own.
+
+    The program's hint() and solution() run on a fresh instance reset with the play's
+    seed, never on the live episode (they may change its state). A hint that spells out
+    the solution's actions is dropped when `hint_leak_check`.
+    """
+    cfg = self.cfg
+    program = cfg.hint_source == "program"
+    if not pairs or not (program or cfg.hint_leak_check):
+      return {(e, s): self.slots[e].hint for e, s in pairs}
+    handles = self.pool.start([self.slots[e].source for e, _ in pairs],
+                              max_turns=cfg.max_turns, action_mode=self.setting.action_mode)
+    try:
+      resets = self.pool.reset_many(handles, seeds=[s for _, s in pairs])
+      ok = [h for h, r in zip(handles, resets) if r.ok]
+      sols = dict(zip(map(id, ok), self.pool.call_many(ok, "solution")
+                      if cfg.hint_leak_check else [None] * len(ok)))
+      own = dict(zip(map(id, ok), self.pool.call_many(ok, "hint") if program else
+                     [None] * len(ok)))
+    finally:
+      self.pool.release(handles)
+    out = {}
+    for (e, s), h in zip(pairs, handles):
+      sol, raw = sols.get(id(h)), own.get(id(h))
+      actions = sol.value if sol is not None and sol.ok and isinstance(sol.value, list) else None
+      text = (raw.value if raw is not None and raw.ok else None) if program else self.slots[e].hint
+      out[(e, s)] = dz.finalize_hint(text, cfg.hint_source, actions).text
     return out
 
-  def _design_row(self, s: DesignSample, advantage: float) -> Row:
-    mask = [False] * s.prompt_len + [True] * (len(s.tokens) - s.prompt_len)
-    return Row(s.tokens, mask, s.logps, float(advantage), "designer")
-
   # -- play ------------------------------------------------------------------
-  def _play(self, it: int, metrics: dict, times: dict):
+  def _play(self, it: int, metrics: dict, times: dict) -> dict[tuple[int, int], Any]:
     cfg, E, N, M = self.cfg, self.cfg.num_envs, self.cfg.plays, self.cfg.hinted_plays
     t0 = time.perf_counter()
-    specs = []
+    specs, hinted = [], []
     for e, slot in enumerate(self.slots):
       if not slot.source:
         continue
       seeds = [self._seed(it, e, j) for j in range(N)]
       specs += [EpisodeSpec(e, s) for s in seeds]
-      specs += [EpisodeSpec(e, seeds[j % N], True, slot.hint) for j in range(M)]
+      if self.fresh[e]:
+        hinted += [(e, seeds[j % N] if cfg.matched_hint_seeds else self._seed(it, e, N + j))
+                   for j in range(M)]
+    hints = self._episode_hints(sorted(set(hinted)))
+    specs += [EpisodeSpec(e, s, True, hints[(e, s)]) for e, s in hinted]
     episodes = run_episodes(
-        self.pool, [s.source or "" for s in self.slots], specs, self._policy(it, 2),
-        self.chat, lambda h: dz.agent_system_prompt(cfg.setting, h),
+        self.pool, [s.source or "" for s in self.slots], specs, self._policy(it, "agent"),
+        self.chat, dz.agent_system_prompt(cfg.setting),
         max_turns=cfg.max_turns, max_turn_tokens=cfg.agent_turn_tokens,
-        max_len=self.trainer.train_cfg.seq_len,
-        hint_fn=self._program_hints if cfg.hint_source == "program" else None,
-        action_mode=self.setting.action_mode)
+        max_len=self.trainer.train_cfg.seq_len, action_mode=self.setting.action_mode)
     times["play"] = time.perf_counter() - t0
 
     r_n, m_n = np.zeros((E, N), np.float32), np.zeros((E, N), bool)
     r_h, m_h = np.zeros((E, M), np.float32), np.zeros((E, M), bool)
+    failed, timed_out = np.zeros(E, bool), np.zeros(E, bool)
     outcomes = collections.Counter(), collections.Counter()
     index: collections.Counter = collections.Counter()
     nohint: dict[tuple[int, int], Any] = {}
@@ -264,75 +359,145 @@ class SelfPlay:
       outcomes[arm][ep.outcome] += 1
       j = index[e, arm]
       index[e, arm] += 1
-      ok = ep.outcome in _AGENT_OUTCOMES
+      failed[e] |= ep.failed
+      timed_out[e] |= ep.outcome == "timeout"
       if arm:
-        r_h[e, j], m_h[e, j] = ep.reward, ok
+        r_h[e, j], m_h[e, j] = ep.reward, not ep.failed
       else:
-        r_n[e, j], m_n[e, j] = ep.reward, ok
+        r_n[e, j], m_n[e, j] = ep.reward, not ep.failed
         nohint[e, j] = ep
     valid = np.array([s.source is not None for s in self.slots])
     skill = np.array([s.skill for s in self.slots], np.int32)
     rc = self.reward_cfg
-    self.buffer = self.buffer.record(r_n, m_n, r_h, m_h, skill, valid,
-                                     self.buffer_fresh,
-                                     ema_slow=rc.ema_slow, ema_fast=rc.ema_fast)
-    self.buffer_fresh = None
+    self.buffer = self.buffer.record(r_n, m_n, r_h, m_h, skill, valid, self.fresh, failed,
+                                     timed_out, ema_fast=rc.ema_fast, ema_slow=rc.ema_slow)
+    self.fresh[:] = False
     for arm, name in ((0, "nohint"), (1, "hint")):
       n = max(1, sum(outcomes[arm].values()))
-      for outcome in ("solved", "context", "max_turns", "timeout", "crash"):
+      for outcome in ("solved", "context", "max_turns") + FAILURES:
         metrics[f"agent/{name}/{outcome}"] = outcomes[arm].get(outcome, 0) / n
     metrics["agent/reward_nohint"] = float(r_n[m_n].mean()) if m_n.any() else 0.0
     metrics["agent/reward_hint"] = float(r_h[m_h].mean()) if m_h.any() else 0.0
     metrics["agent/episodes"] = len(episodes)
     metrics["agent/mean_turns"] = float(np.mean([ep.turns for ep in episodes])) if episodes else 0.0
+    metrics["agent/hints"] = sum(1 for s in specs if s.hinted and s.hint)
+    metrics["sampling/agent/tokens"] = sum(sum(ep.loss_mask) for ep in episodes)
+    metrics["env/failed_slots"] = int(failed.sum())
     return nohint
 
-  # -- credit + train ----------------------------------------------------------
+  # -- credit ------------------------------------------------------------------
+  def _failed_designer_slots(self) -> list[int]:
+    """Slots whose designer program hit a sandbox failure; marks their pending sample."""
+    failed = np.asarray(self.buffer.failed)
+    out = [e for e, s in enumerate(self.slots) if s.origin == "designer" and failed[e]]
+    for p in self.pending:
+      slot = self.slots[p.slot]
+      if p.slot in out and p.reason is None and p.iteration == slot.written:
+        p.failed = True
+    return out
+
+  def _blacklist(self, slots: list[int], it: int) -> None:
+    """Failed designer programs are not played again (REFERENCE §2: blacklisted)."""
+    for e in slots:
+      if self.cfg.fill_from_pool:
+        self._install_pool(e, it + 1)
+      else:
+        self.slots[e] = Slot()
+        self.fresh[e] = True
+
+  def _credit(self, it: int, out: rw.RewardOutput, metrics: dict) -> list[Row]:
+    """Credits the cohort of designer samples whose window ends now."""
+    due = [p for p in self.pending if p.iteration + self.reward_cfg.credit_window <= it + 1]
+    if not due:
+      return []
+    self.pending = [p for p in self.pending if p not in due]
+    E = self.cfg.num_envs
+    A = max(p.attempt for p in due) + 1
+    kinds = np.zeros((E, A), np.int32)
+    skill = np.zeros(E, np.int32)
+    has_data = np.asarray(out.stats.has_data)
+    for p in due:
+      slot = self.slots[p.slot]
+      skill[p.slot] = p.skill
+      if p.reason is not None:
+        kinds[p.slot, p.attempt] = rw.INVALID
+      elif p.failed:
+        kinds[p.slot, p.attempt] = rw.FAILED
+      elif slot.origin == "designer" and slot.written == p.iteration and has_data[p.slot]:
+        kinds[p.slot, p.attempt] = rw.PLAYED
+      else:
+        kinds[p.slot, p.attempt] = rw.NO_DATA
+    values, use = rw.credit(out.raw, kinds, skill, out.stats.timed_out, self.reward_cfg)
+    values, use = np.asarray(values), np.asarray(use)
+    stats = jax.device_get(out.stats)
+    raw = np.asarray(out.raw)
+    rows = []
+    for p in due:
+      e, a, kind = p.slot, p.attempt, kinds[p.slot, p.attempt]
+      played = kind == rw.PLAYED
+      if use[e, a]:
+        mask = [False] * p.prompt_len + [True] * (len(p.tokens) - p.prompt_len)
+        rows.append(Row(p.tokens, mask, p.logps, float(values[e, a]), "designer"))
+      if played:
+        self.memory.add(dz.MemoryRecord(
+            program=p.program or "", doc_id=p.doc_id, skill=self.skill_name(p.skill),
+            win_rate_nohint=float(stats.win_rate[e]),
+            win_rate_hint=float(np.asarray(self.buffer.hint_win_rate)[e]),
+            regret=float(stats.rh[e] - stats.rn0[e]), designer_reward=float(values[e, a]),
+            iteration=it, setting=self.cfg.setting))
+      self.sample_records.append({
+          "iteration_written": p.iteration, "iteration_credited": it, "slot": e,
+          "attempt": a, "skill": self.skill_name(p.skill), "doc_id": p.doc_id,
+          "verdict": p.reason or ("valid" if played else rw.KIND_NAMES[kind]),
+          "Rh": float(stats.rh[e]) if played else None,
+          "Rn0": float(stats.rn0[e]) if played else None,
+          "w": float(stats.w[e]) if played else None,
+          "raw": float(raw[e]) if played else None,
+          "reward": float(values[e, a]) if use[e, a] else None,
+          "trained": bool(use[e, a]) and self.cfg.train_designer,
+          "policy_version": p.policy_version})
+    trained = [r.advantage for r in rows]
+    metrics["designer/credited"] = len(due)
+    metrics["designer/trained"] = len(trained)
+    metrics["designer/reward_mean"] = float(np.mean(trained)) if trained else 0.0
+    for k in (rw.PLAYED, rw.INVALID, rw.FAILED, rw.NO_DATA):
+      metrics[f"designer/credit/{rw.KIND_NAMES[k]}"] = int(np.sum(kinds == k))
+    return rows if self.cfg.train_designer else []
+
+  # -- one iteration -------------------------------------------------------------
   def iteration(self, it: int) -> dict[str, float]:
     """Runs iteration `it` and returns its metrics (scalars)."""
     cfg = self.cfg
     metrics: dict[str, float] = {}
     times = {"design": 0.0, "validate": 0.0}
-    rows: list[Row] = []
     if it % cfg.regen_every == 0:
-      rows += self._design(it, metrics, times)
+      self._design(it, metrics, times)
+      if cfg.hint_source == "policy":
+        t0 = time.perf_counter()
+        self._policy_hints(it, metrics)
+        times["hint"] = time.perf_counter() - t0
+    for role in ROLES:
+      rule = getattr(self.sampling, role)
+      metrics.update({f"sampling/{role}/temperature": rule.temperature,
+                      f"sampling/{role}/top_p": rule.top_p, f"sampling/{role}/top_k": rule.top_k})
     nohint = self._play(it, metrics, times)
-    out = compute_rewards(self.buffer, self.reward_cfg)
-    designer_r = np.asarray(out.designer)
+    out = rw.compute_rewards(self.buffer, self.reward_cfg)
+    for k, v in out.metrics.items():
+      metrics[f"rewards/{k}"] = float(v)
+    failed = self._failed_designer_slots()
+    rows = self._credit(it, out, metrics)
+    self._blacklist(failed, it)
+    metrics["env/blacklisted"] = len(failed)
+
     adv = np.asarray(out.agent_advantages)
-    for k in ("regret_mean", "win_rate_mean", "valid_frac", "credited_frac"):
-      metrics[f"rewards/{k}"] = float(out.metrics[k])
-
-    for s in self.slots:
-      if s.source:
-        s.age += 1
-    due = [p for p in self.pending
-           if self.slots[p.slot].origin == "designer" and self.slots[p.slot].age >=
-           self.reward_cfg.credit_window]
-    self.pending = [p for p in self.pending if p not in due]
-    stats = np.asarray(out.metrics["per_env/win_rate"]), np.asarray(out.metrics["per_env/regret"])
-    for p in due:
-      rows.append(self._design_row(p, designer_r[p.slot]))
-      hint_rate = float(stats[0][p.slot] + stats[1][p.slot])
-      self.memory.add(dz.MemoryRecord(
-          program=p.program or "", doc_id=p.doc_id, skill=self.skills_name(p.skill),
-          win_rate_nohint=float(stats[0][p.slot]), win_rate_hint=hint_rate,
-          regret=float(stats[1][p.slot]), designer_reward=float(designer_r[p.slot]),
-          iteration=it, setting=cfg.setting))
-    credited = [r.advantage for r in rows if r.role == "designer"]
-    metrics["designer/credited"] = len(credited)
-    metrics["designer/reward_mean"] = float(np.mean(credited)) if credited else 0.0
-    if not cfg.train_designer:
-      rows = [r for r in rows if r.role != "designer"]
     for (e, j), ep in sorted(nohint.items()):
-      if ep.outcome in _AGENT_OUTCOMES and ep.tokens:
+      if not ep.failed and ep.tokens:
         rows.append(Row(ep.tokens, ep.loss_mask, ep.logps, float(adv[e, j]), "agent"))
-
     t0 = time.perf_counter()
     tc = self.trainer.train_cfg
-    batch, bstats = build_batch(rows, tc.batch_size, tc.seq_len, self.sampling.pad_id)
+    batches, bstats = build_batches(rows, tc.batch_size, tc.seq_len, self.sampling.agent.pad_id)
     metrics.update(bstats)
-    self.state, tm = self.trainer.step(self.state, batch)
+    self.state, tm = self.trainer.step(self.state, batches)
     tm = jax.device_get(tm)
     times["train"] = time.perf_counter() - t0
     metrics.update({f"train/{k}": float(v) for k, v in tm.items()})
@@ -341,20 +506,23 @@ class SelfPlay:
     metrics["memory/size"] = len(self.memory)
     return metrics
 
-  def skills_name(self, index: int) -> str:
+  def skill_name(self, index: int) -> str:
     return envs.SKILLS[self.cfg.setting][index] if index >= 0 else ""
 
   # -- checkpointed host state -------------------------------------------------
   def host_state(self) -> dict[str, Any]:
     return {
         "slots": [dataclasses.asdict(s) for s in self.slots],
+        "fresh": self.fresh.tolist(),
         "pending": [dataclasses.asdict(p) for p in self.pending],
-        "corpus": self.corpus.state(),
+        "corpus": self.corpus.state() if self.corpus is not None else None,
         "memory": self.memory.to_json(),
     }
 
   def restore_host_state(self, host: dict[str, Any]) -> None:
     self.slots = [Slot(**s) for s in host["slots"]]
+    self.fresh = np.asarray(host["fresh"], bool)
     self.pending = [DesignSample(**p) for p in host["pending"]]
-    self.corpus.restore(host["corpus"])
+    if self.corpus is not None:
+      self.corpus.restore(host["corpus"])
     self.memory = dz.EnvMemory.from_json(host["memory"], self.memory.config)

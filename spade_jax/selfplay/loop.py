@@ -22,11 +22,29 @@ def progress_line(it: int, total: int, m: Mapping[str, float]) -> str:
   design = ("design valid -" if "designer/samples" not in m else
             f"design valid {int(m['designer/valid'])}/{int(m['designer/samples'])}"
             + (f" [{rejected}]" if rejected else ""))
+  if m.get("designer/resampled"):
+    design += f" resampled {int(m['designer/resampled'])}"
+  credit = ("" if not m.get("designer/credited") else
+            f" | credit {int(m['designer/credited'])} (trained {int(m['designer/trained'])},"
+            f" mean {m['designer/reward_mean']:+.2f})")
+  tis = ("" if "train/tis_weight_mean" not in m else
+         f" tis w {m['train/tis_weight_mean']:.3f} [{m['train/tis_weight_min']:.2f},"
+         f" {m['train/tis_weight_max']:.2f}]")
   times = " ".join(f"{k[5:]} {v:.1f}s" for k, v in m.items() if k.startswith("time/"))
-  return (f"iter {it + 1}/{total} | {design} | regret {m.get('rewards/regret_mean', 0):+.3f}"
+  return (f"iter {it + 1}/{total} | {design}{credit}"
+          f" | regret {m.get('rewards/regret_mean', 0):+.3f}"
           f" | reward nohint {m.get('agent/reward_nohint', 0):.3f}"
           f" hint {m.get('agent/reward_hint', 0):.3f}"
-          f" | loss {m.get('train/loss', 0):+.4f} | {times}")
+          f" | loss {m.get('train/loss', 0):+.4f}{tis} | {times}")
+
+
+def sampling_line(sp) -> str:
+  """The sampling rule of each role, for the start of a run."""
+  parts = []
+  for role in ("designer", "hint", "agent"):
+    r = getattr(sp.sampling, role)
+    parts.append(f"{role} T {r.temperature:g} top-p {r.top_p:g} top-k {r.top_k}")
+  return "sampling: " + " | ".join(parts)
 
 
 def _say(msg: str, *args) -> None:
@@ -42,11 +60,12 @@ def train(config, workdir: str) -> dict[str, float]:
   run = build(config)
   c, trainer = run.config, run.trainer
   ckpt = Checkpointer(workdir, keep=c.keep_checkpoints)
-  writer = MetricsWriter(workdir)
+  writer = None
   with sandbox.EnvPool(c.sandbox) as pool:
     if pool.report is not None:
       _say("sandbox: %s", pool.report.summary())
     sp = run.selfplay(pool, workdir)
+    _say("%s", sampling_line(sp))
     start = 0
     abstract = jax.tree.map(
         lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
@@ -57,6 +76,7 @@ def train(config, workdir: str) -> dict[str, float]:
       sp.restore_host_state(host)
       start = int(host["next_iteration"])
       _say("resumed from %s at iteration %d of %d", ckpt.directory, start, c.iterations)
+    writer = MetricsWriter(workdir, resume_step=start)
     if start >= c.iterations:
       _say("Nothing to do: %d of %d iterations already done in %s. Raise "
            "--config.iterations to continue.", start, c.iterations, workdir)
@@ -67,6 +87,8 @@ def train(config, workdir: str) -> dict[str, float]:
       metrics = sp.iteration(it)
       metrics["time/iteration"] = time.perf_counter() - t0
       last = writer.write(it + 1, metrics)
+      writer.write_records("designer_samples", it + 1, sp.sample_records)
+      sp.sample_records = []
       _say("%s", progress_line(it, c.iterations, last))
       if (it + 1) % every == 0 or it + 1 == c.iterations:
         ckpt.save(it + 1, sp.state, sp.buffer, {**sp.host_state(), "next_iteration": it + 1})

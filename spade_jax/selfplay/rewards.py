@@ -1,33 +1,36 @@
-"""Designer rewards and agent advantages from a :class:`RegretBuffer`: the regret stage.
+"""The regret stage: designer rewards and agent advantages from a :class:`RegretBuffer`.
 
-One jitted function, :func:`compute_rewards`, turns a buffer into per-env designer rewards
-(for the variant named in :class:`RewardConfig`) and per-play agent advantages. The config
-is a static argument and the buffer has fixed shapes, so a run compiles it once: changing
-how many envs are valid never recompiles.
+Two jitted functions with the config as a static argument and fixed shapes, so a run
+compiles each once however many envs were valid:
 
-Per env slot ``e`` with the last ``credit_window`` played iterations of its program:
+* :func:`compute_rewards` (every iteration): per env slot, the statistics of its program
+  over the credit window, the raw designer score of the variant ``RewardConfig.variant``,
+  and per-play agent advantages (group-relative per env over its unhinted plays, by the
+  estimator ``RewardConfig.advantage`` of ``spade_jax.rl.ADVANTAGE_ESTIMATORS``);
+* :func:`credit` (when a cohort of designer samples is due): each sample's reward.
 
-* ``w``      = mean unhinted win rate over the window;
-* ``regret`` = mean (hinted mean - unhinted mean) over the window;
-* ``plateau(w)`` = 1 on ``[plateau_lo, plateau_hi]``, else ``max(0, 1 - d / plateau_width)``
-  with ``d`` the distance to the interval.
+Notation per slot (REFERENCE §2): ``Rh`` mean hinted reward and ``Rn0`` mean unhinted reward
+at the regeneration step, ``w`` mean unhinted episode reward over the credit window,
+``plateau(w)`` = 1 on ``[plateau_lo, plateau_hi]``, else ``max(0, 1 - d / plateau_width)``
+with ``d`` the distance to the band. Variants (:data:`VARIANTS`; ``VARIANTS.register(name)``
+adds more):
 
-Variants (the :data:`VARIANTS` registry; ``VARIANTS.register(name)`` adds more):
-
-* ``blend`` (reference default): ``regret_weight * clip(regret / regret_scale, 0, 1)
+* ``blend`` (paper recipe): ``regret_weight * clip((Rh - Rn0) / regret_scale, 0, 1)
   + plateau_weight * plateau(w)``;
-* ``regret``: ``regret``;
-* ``learning_potential``: ``|w - ema_slow|``;
-* ``micro_learning_potential``: ``|ema_fast - ema_slow|``, the slot's recent trend;
+* ``regret_based``: ``max(0, Rh - w)``; an env whose play timed out scores
+  ``timeout_score`` (-0.5);
+* ``learning_potential``: ``|w - mu_slow|``, ``mu_slow`` the slow tracker of the env's skill;
+* ``micro_lp``: ``max(0, late - early)``, the mean unhinted reward of the late half of the
+  window minus that of the early half;
 * ``solve_rate``: ``plateau(w)``.
 
-The raw reward is then centred on the mean over valid envs of the same skill (optional),
-optionally divided by that skill's standard deviation, and multiplied by ``scale``. Slots
-whose program failed validation get ``invalid_penalty`` instead; valid slots with no plays
-in the window get 0 and stay out of the skill statistics.
-
-Agent advantages are group-relative per env slot over its unhinted plays, by the
-estimator of :data:`spade_jax.rl.ADVANTAGE_ESTIMATORS` that ``RewardConfig.advantage`` names.
+Credit: a cohort is the designer samples credited together (those written at one
+regeneration). Each sample's value is its env's raw score, or ``invalid_penalty`` for a
+program that failed validation, or ``crash_penalty`` for a valid program whose plays hit a
+sandbox failure (None: no gradient, as the reference). Values are centred on the mean
+value of the same skill in the cohort (no division by the std unless
+``normalize_by_skill_std``) and multiplied by ``scale``, the reference's
+``min(plays_per_env * regen_every, 50)`` when left None.
 """
 
 from __future__ import annotations
@@ -42,26 +45,41 @@ import jax.numpy as jnp
 
 from spade_jax.registry import Registry
 from spade_jax.rl.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
-from spade_jax.selfplay.buffer import RegretBuffer, masked_mean
+from spade_jax.selfplay.buffer import RegretBuffer, masked_mean, window_back
+
+# What happened to one designer sample (the `kinds` argument of `credit`).
+NONE, PLAYED, INVALID, FAILED, NO_DATA = range(5)
+KIND_NAMES = ("none", "played", "invalid", "failed", "no_data")
+SCALE_CAP = 50.0
 
 
 @flax.struct.dataclass
 class EnvStats:
-  """Per-slot statistics a reward variant reads. All arrays are f32[E] unless noted.
+  """Per-slot statistics the variants read; f32[E] unless noted.
 
   Attributes:
-    win: mean unhinted win rate over the credit window.
-    regret: mean regret over the credit window.
-    win_now: unhinted win rate of the latest iteration.
-    ema_slow: slow EMA of the win rate.
-    ema_fast: fast EMA of the win rate.
+    w: mean unhinted reward over the credit window.
+    win_rate: fraction of the window's unhinted plays with reward > 0.
+    rh: ``Rh``, mean hinted reward at the regeneration step.
+    rn0: ``Rn0``, mean unhinted reward at the regeneration step.
+    has_hint: bool[E], hinted plays counted at the regeneration step.
+    early: mean unhinted reward over the early half of the window.
+    late: mean unhinted reward over the late half of the window.
+    has_early: bool[E], the early half holds plays.
+    mu_slow: the slow learning-potential tracker of the slot's skill (0 for no skill).
+    timed_out: bool[E], a play of the program timed out.
     has_data: bool[E], valid and played at least once in the window.
   """
-  win: jax.Array
-  regret: jax.Array
-  win_now: jax.Array
-  ema_slow: jax.Array
-  ema_fast: jax.Array
+  w: jax.Array
+  win_rate: jax.Array
+  rh: jax.Array
+  rn0: jax.Array
+  has_hint: jax.Array
+  early: jax.Array
+  late: jax.Array
+  has_early: jax.Array
+  mu_slow: jax.Array
+  timed_out: jax.Array
   has_data: jax.Array
 
 
@@ -79,17 +97,20 @@ class RewardConfig:
     regret_scale: regret at which the blend's regret term saturates (reference 0.15).
     regret_weight: weight of the clipped regret term in ``blend`` (reference 0.4).
     plateau_weight: weight of the plateau term in ``blend`` (reference 0.6).
-    plateau_lo: lower edge of the target win-rate band.
-    plateau_hi: upper edge of the target win-rate band.
-    plateau_width: distance from the band at which the plateau reaches 0.
-    invalid_penalty: reward of a slot whose program failed validation (the reference
-      implementation uses no penalty, i.e. 0.0).
-    center_by_skill: subtract the per-skill mean over valid envs.
-    normalize_by_skill_std: also divide by the per-skill standard deviation.
-    scale: multiplier applied after centring / normalising.
-    credit_window: iterations of a program's history averaged into ``w`` and ``regret``.
-    ema_slow: slow EMA decay, passed to ``RegretBuffer.record``.
-    ema_fast: fast EMA decay, passed to ``RegretBuffer.record``.
+    plateau_lo: lower edge of the target win-rate band (reference 0.4).
+    plateau_hi: upper edge of the target win-rate band (reference 0.6).
+    plateau_width: distance from the band at which the plateau reaches 0 (reference 0.25).
+    timeout_score: ``regret_based`` score of an env whose play timed out (reference -0.5).
+    invalid_penalty: value of a designer sample whose program failed validation, centred
+      with its cohort; None gives it no gradient (the reference).
+    crash_penalty: value of a valid program whose plays hit a sandbox failure, centred
+      with its cohort; None gives it no gradient (the reference blacklists such envs).
+    center_by_skill: subtract the mean value of the same skill in the cohort.
+    normalize_by_skill_std: also divide by that skill's standard deviation.
+    scale: multiplier after centring; None: ``min(plays * regen_every, 50)``.
+    credit_window: iterations of a program's history in ``w`` (reference = regen_every).
+    ema_fast: weight of the new value in the fast skill tracker (reference 0.98).
+    ema_slow: weight of the new value in the slow skill tracker (reference 0.85).
     advantage: agent advantage estimator, a name in ``spade_jax.rl.ADVANTAGE_ESTIMATORS``
       ("grpo": z-scored per env; "dr_grpo": mean-centred; "rloo": leave-one-out).
     eps: numerical floor for standard deviations.
@@ -101,13 +122,15 @@ class RewardConfig:
   plateau_lo: float = 0.4
   plateau_hi: float = 0.6
   plateau_width: float = 0.25
-  invalid_penalty: float = -1.0
+  timeout_score: float = -0.5
+  invalid_penalty: float | None = -1.0
+  crash_penalty: float | None = -1.0
   center_by_skill: bool = True
   normalize_by_skill_std: bool = False
-  scale: float = 1.0
+  scale: float | None = None
   credit_window: int = 4
-  ema_slow: float = 0.98
-  ema_fast: float = 0.85
+  ema_fast: float = 0.98
+  ema_slow: float = 0.85
   advantage: str = "grpo"
   eps: float = 1e-6
 
@@ -122,9 +145,15 @@ class RewardConfig:
                        f"[{self.plateau_lo}, {self.plateau_hi}].")
     if self.credit_window < 1:
       raise ValueError(f"RewardConfig.credit_window must be >= 1; got {self.credit_window}.")
-    for name in ("ema_slow", "ema_fast"):
-      if not 0.0 <= getattr(self, name) < 1.0:
-        raise ValueError(f"RewardConfig.{name} must be in [0, 1); got {getattr(self, name)}.")
+    for name in ("ema_fast", "ema_slow"):
+      if not 0.0 < getattr(self, name) <= 1.0:
+        raise ValueError(f"RewardConfig.{name} weights the new value and must be in (0, 1]; "
+                         f"got {getattr(self, name)}.")
+
+
+def reference_scale(plays: int, regen_every: int) -> float:
+  """The reference's designer-reward scale: ``min(plays_per_env * regen_every, 50)``."""
+  return float(min(plays * regen_every, SCALE_CAP))
 
 
 def plateau(w: jax.Array, lo: float, hi: float, width: float) -> jax.Array:
@@ -135,32 +164,32 @@ def plateau(w: jax.Array, lo: float, hi: float, width: float) -> jax.Array:
 
 @VARIANTS.register("blend")
 def _blend(s: EnvStats, c: RewardConfig) -> jax.Array:
-  regret_term = jnp.clip(s.regret / c.regret_scale, 0.0, 1.0)
-  return (c.regret_weight * regret_term +
-          c.plateau_weight * plateau(s.win, c.plateau_lo, c.plateau_hi, c.plateau_width))
+  regret = jnp.where(s.has_hint, s.rh - s.rn0, 0.0)
+  return (c.regret_weight * jnp.clip(regret / c.regret_scale, 0.0, 1.0) +
+          c.plateau_weight * plateau(s.w, c.plateau_lo, c.plateau_hi, c.plateau_width))
 
 
-@VARIANTS.register("regret")
-def _regret(s: EnvStats, c: RewardConfig) -> jax.Array:
-  del c
-  return s.regret
+@VARIANTS.register("regret_based")
+def _regret_based(s: EnvStats, c: RewardConfig) -> jax.Array:
+  regret = jnp.where(s.has_hint, jnp.maximum(0.0, s.rh - s.w), 0.0)
+  return jnp.where(s.timed_out, c.timeout_score, regret)
 
 
 @VARIANTS.register("learning_potential")
 def _learning_potential(s: EnvStats, c: RewardConfig) -> jax.Array:
   del c
-  return jnp.abs(s.win - s.ema_slow)
+  return jnp.abs(s.w - s.mu_slow)
 
 
-@VARIANTS.register("micro_learning_potential")
-def _micro_learning_potential(s: EnvStats, c: RewardConfig) -> jax.Array:
+@VARIANTS.register("micro_lp")
+def _micro_lp(s: EnvStats, c: RewardConfig) -> jax.Array:
   del c
-  return jnp.abs(s.ema_fast - s.ema_slow)
+  return jnp.where(s.has_early, jnp.maximum(0.0, s.late - s.early), 0.0)
 
 
 @VARIANTS.register("solve_rate")
 def _solve_rate(s: EnvStats, c: RewardConfig) -> jax.Array:
-  return plateau(s.win, c.plateau_lo, c.plateau_hi, c.plateau_width)
+  return plateau(s.w, c.plateau_lo, c.plateau_hi, c.plateau_width)
 
 
 @flax.struct.dataclass
@@ -168,48 +197,39 @@ class RewardOutput:
   """Result of :func:`compute_rewards`.
 
   Attributes:
-    designer: f32[E] designer reward per env slot.
+    raw: f32[E] raw designer score of each slot's program (the variant's).
+    stats: the :class:`EnvStats` the variant read.
     agent_advantages: f32[E, N] advantage per unhinted play (0 where masked out).
-    metrics: dict of f32 scalars and f32[E] per-env arrays.
+    metrics: dict of f32 scalars.
   """
-  designer: jax.Array
+  raw: jax.Array
+  stats: EnvStats
   agent_advantages: jax.Array
   metrics: dict[str, jax.Array]
 
 
 def env_stats(buf: RegretBuffer, credit_window: int) -> EnvStats:
-  """Windowed per-slot statistics; see :class:`EnvStats`."""
-  mask = buf.window_mask(credit_window)  # [W, E]
-  played_now = buf.valid & jnp.any(buf.mask_nohint, axis=1)
-  return EnvStats(
-      win=masked_mean(buf.hist_win, mask, axis=0),
-      regret=masked_mean(buf.hist_regret, mask, axis=0),
-      win_now=jnp.where(played_now, masked_mean(buf.rewards_nohint, buf.mask_nohint), 0.0),
-      ema_slow=buf.ema_slow, ema_fast=buf.ema_fast,
-      has_data=buf.valid & jnp.any(mask, axis=0))
+  """Per-slot statistics over each program's credit window; see :class:`EnvStats`."""
+  pos = window_back(buf, credit_window)  # [W, E], -1 outside the window
+  inside = pos >= 0
+  span = jnp.max(pos, axis=0) + 1  # [E]
+  early = inside & (pos < (span // 2)[None, :])
+  late = inside & ~early
 
+  def mean(sel):
+    count = jnp.sum(jnp.where(sel, buf.hist_count, 0.0), axis=0)
+    return jnp.sum(jnp.where(sel, buf.hist_sum, 0.0), axis=0) / jnp.maximum(count, 1.0), count
 
-def skill_centre(raw: jax.Array, skill: jax.Array, member: jax.Array, normalize: bool,
-                 eps: float) -> tuple[jax.Array, jax.Array]:
-  """Subtracts each env's skill mean over member envs (and divides by the skill std).
-
-  Args:
-    raw: f32[E] raw rewards.
-    skill: i32[E] skill index.
-    member: bool[E] envs that enter the statistics.
-    normalize: divide by the per-skill standard deviation too.
-    eps: floor for the standard deviation.
-
-  Returns:
-    (f32[E] centred rewards, f32[E] per-env skill mean).
-  """
-  same = (skill[:, None] == skill[None, :]) & member[None, :]  # [E, E]
-  mean = masked_mean(jnp.broadcast_to(raw[None, :], same.shape), same, axis=1)
-  out = raw - mean
-  if normalize:
-    var = masked_mean(jnp.square(raw[None, :] - mean[:, None]), same, axis=1)
-    out = out / (jnp.sqrt(var) + eps)
-  return out, mean
+  w, count = mean(inside)
+  wins = jnp.sum(jnp.where(inside, buf.hist_wins, 0.0), axis=0)
+  e_mean, e_count = mean(early)
+  l_mean, _ = mean(late)
+  has_skill = buf.skill >= 0
+  mu_slow = jnp.where(has_skill, buf.skill_slow[jnp.maximum(buf.skill, 0)], 0.0)
+  return EnvStats(w=w, win_rate=wins / jnp.maximum(count, 1.0), rh=buf.hint_mean,
+                  rn0=buf.nohint0_mean, has_hint=buf.has_hint, early=e_mean, late=l_mean,
+                  has_early=e_count > 0, mu_slow=mu_slow, timed_out=buf.timed_out,
+                  has_data=buf.valid & (count > 0))
 
 
 def agent_advantages(buf: RegretBuffer, cfg: RewardConfig) -> jax.Array:
@@ -232,43 +252,75 @@ def agent_advantages(buf: RegretBuffer, cfg: RewardConfig) -> jax.Array:
 
 @functools.partial(jax.jit, static_argnames=("cfg",))
 def compute_rewards(buf: RegretBuffer, cfg: RewardConfig) -> RewardOutput:
-  """Designer rewards for ``cfg.variant`` and agent advantages, in one compiled call.
+  """Raw designer scores, window statistics and agent advantages, in one compiled call.
 
   Args:
     buf: the regret buffer (E slots, N unhinted plays, W history).
     cfg: reward config (static).
 
   Returns:
-    A :class:`RewardOutput` with ``designer`` f32[E] and ``agent_advantages`` f32[E, N].
+    A :class:`RewardOutput`.
   """
   stats = env_stats(buf, cfg.credit_window)
   raw = VARIANTS[cfg.variant](stats, cfg).astype(jnp.float32)
   member = stats.has_data
-  if cfg.center_by_skill:
-    centred, skill_mean = skill_centre(raw, buf.skill, member, cfg.normalize_by_skill_std,
-                                       cfg.eps)
-  else:
-    centred, skill_mean = raw, jnp.zeros_like(raw)
-  designer = jnp.where(member, centred * cfg.scale, 0.0)
-  designer = jnp.where(buf.valid, designer, jnp.float32(cfg.invalid_penalty))
-  n_member = jnp.maximum(jnp.sum(member), 1)
+  n = jnp.maximum(jnp.sum(member), 1)
 
   def avg(x):
-    return jnp.sum(jnp.where(member, x, 0.0)) / n_member
+    return jnp.sum(jnp.where(member, x, 0.0)) / n
 
   metrics = {
       "valid_frac": jnp.mean(buf.valid.astype(jnp.float32)),
-      "credited_frac": jnp.mean(member.astype(jnp.float32)),
-      "reward_mean": jnp.mean(designer),
+      "played_frac": jnp.mean(member.astype(jnp.float32)),
       "raw_mean": avg(raw),
-      "regret_mean": avg(stats.regret),
-      "win_rate_mean": avg(stats.win),
-      "learning_potential_mean": avg(jnp.abs(stats.win - stats.ema_slow)),
-      "per_env/raw": raw,
-      "per_env/regret": stats.regret,
-      "per_env/win_rate": stats.win,
-      "per_env/skill_mean": skill_mean,
+      "regret_mean": avg(jnp.where(stats.has_hint, stats.rh - stats.rn0, 0.0)),
+      "win_rate_mean": avg(stats.win_rate),
+      "w_mean": avg(stats.w),
+      "plateau_frac": avg(((stats.w >= cfg.plateau_lo) & (stats.w <= cfg.plateau_hi))
+                          .astype(jnp.float32)),
   }
-  adv = agent_advantages(buf, cfg)
-  return RewardOutput(designer=designer, agent_advantages=adv, metrics=metrics)
+  return RewardOutput(raw=raw, stats=stats, agent_advantages=agent_advantages(buf, cfg),
+                      metrics=metrics)
 
+
+@functools.partial(jax.jit, static_argnames=("cfg",))
+def credit(raw: jax.Array, kinds: jax.Array, skill: jax.Array, timed_out: jax.Array,
+           cfg: RewardConfig) -> tuple[jax.Array, jax.Array]:
+  """Rewards of one cohort of designer samples.
+
+  Args:
+    raw: f32[E] raw score of each slot's program (``RewardOutput.raw``).
+    kinds: i32[E, A] what happened to each of a slot's (up to A) samples: ``NONE``,
+      ``PLAYED`` (the slot's valid program; value ``raw``), ``INVALID``, ``FAILED`` or
+      ``NO_DATA`` (valid but never played in the window: no gradient).
+    skill: i32[E] skill the slot's samples were written for.
+    timed_out: bool[E] the slot's program timed out (``regret_based`` scores it itself).
+    cfg: reward config (static); ``cfg.scale`` must be set.
+
+  Returns:
+    (f32[E, A] rewards, bool[E, A] which samples get a gradient).
+  """
+  if cfg.scale is None:
+    raise ValueError("credit() needs RewardConfig.scale; resolve it with reference_scale().")
+  own = (kinds == PLAYED) | ((kinds == FAILED) & timed_out[:, None]
+                             & (cfg.variant == "regret_based"))
+  value = jnp.broadcast_to(raw[:, None], kinds.shape)
+  use = own
+  if cfg.invalid_penalty is not None:
+    value = jnp.where(kinds == INVALID, jnp.float32(cfg.invalid_penalty), value)
+    use = use | (kinds == INVALID)
+  if cfg.crash_penalty is not None:
+    failed = (kinds == FAILED) & ~own
+    value = jnp.where(failed, jnp.float32(cfg.crash_penalty), value)
+    use = use | failed
+  if cfg.center_by_skill:
+    flat_v, flat_u = value.reshape(-1), use.reshape(-1)
+    flat_s = jnp.broadcast_to(skill[:, None], kinds.shape).reshape(-1)
+    same = (flat_s[:, None] == flat_s[None, :]) & flat_u[None, :]
+    mean = masked_mean(jnp.broadcast_to(flat_v[None, :], same.shape), same, axis=1)
+    out = flat_v - mean
+    if cfg.normalize_by_skill_std:
+      var = masked_mean(jnp.square(flat_v[None, :] - mean[:, None]), same, axis=1)
+      out = out / (jnp.sqrt(var) + cfg.eps)
+    value = out.reshape(kinds.shape)
+  return jnp.where(use, value * cfg.scale, 0.0), use

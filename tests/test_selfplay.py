@@ -3,6 +3,7 @@ end-to-end smoke run of the real launcher path with resume."""
 
 import json
 import os
+import sys
 
 import jax
 import pytest
@@ -195,3 +196,36 @@ def test_smoke_run_two_iterations_then_resume(tmp_path):
   selfplay.train(config, workdir)
   assert [r["step"] for r in read_metrics(workdir)] == [1, 2, 3]
   assert {r["step"] for r in read_metrics(workdir, "designer_samples")} == {1, 2, 3}
+
+
+def test_skills_rotate_per_regeneration():
+  skills = envs.SKILLS["games"]
+  first = iteration_lib.regen_skills(skills, 3, 0, 24)
+  second = iteration_lib.regen_skills(skills, 3, 1, 24)
+  assert {s: first.count(s) for s in set(first)} == {s: 8 for s in skills[:3]}
+  assert set(second) == set(skills[3:]) and second.count(skills[3]) == 8
+  assert set(iteration_lib.regen_skills(skills, 0, 5, 12)) == set(skills)
+  assert iteration_lib.regen_skills(skills[:2], 3, 1, 4) == list(skills[:2]) * 2
+
+
+# Crashes when an agent guesses 50, unless solution() was called on the instance (as the
+# validator does before replaying it; self-play never calls it on a live episode).
+CRASHES_ON_50 = envs.builtin_program("guess_number").replace(
+    "  def step(self, action", "  def step(self, action, _=None):\n"
+    "    if str(action).strip() == '50' and not getattr(self, 'witness', False):\n"
+    "      raise RuntimeError('boom')\n"
+    "    return self._step(action)\n\n  def _step(self, action", 1).replace(
+        "  def solution(self", "  def solution(self, _=None):\n    self.witness = True\n"
+        "    return self._solution()\n\n  def _solution(self", 1)
+
+
+def test_crashed_program_is_penalised_then_blacklisted(tmp_path, scripted, pool, monkeypatch):
+  outputs = ["```python\n" + CRASHES_ON_50 + "\n```", HANGS, BROKEN, "no code"]
+  monkeypatch.setattr(sys.modules[__name__], "_designer_outputs", lambda: outputs)
+  sp = _selfplay(tmp_path, pool)
+  m = sp.iteration(0)
+  assert m["designer/valid"] == 1 and m["env/failed_slots"] >= 1
+  assert m["designer/credit/failed"] == 1 and m["env/blacklisted"] == 1
+  crashed = [r for r in sp.sample_records if r["verdict"] == "failed"]
+  assert len(crashed) == 1 and crashed[0]["trained"]
+  assert sp.slots[0].origin == "pool" and sp.fresh[0]

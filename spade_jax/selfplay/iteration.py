@@ -148,6 +148,19 @@ class DesignSample:
   failed: bool = False          # its env hit a sandbox failure while played
 
 
+def regen_skills(skills: tuple[str, ...], per_regen: int, regen: int,
+                 num_envs: int) -> list[str]:
+  """Each slot's skill at regeneration number `regen` (REFERENCE §1.1).
+
+  `per_regen` skills (0: all) are chosen round-robin, so successive regenerations cover
+  every skill, and the slots are dealt among them in turn: 24 envs and 3 of 6 skills give
+  8 envs per skill, so every skill's cohort has several members to be centred on.
+  """
+  k = min(per_regen or len(skills), len(skills))
+  chosen = [skills[(regen * k + j) % len(skills)] for j in range(k)]
+  return [chosen[e % k] for e in range(num_envs)]
+
+
 class SelfPlay:
   """Runs self-play iterations over a trainer, a sandbox pool and designer parts."""
 
@@ -197,12 +210,6 @@ class SelfPlay:
     return len(self.chat.prompt(None, text))
 
   # -- design ----------------------------------------------------------------
-  def _regen_skills(self, it: int) -> list[str]:
-    """Skill of each slot at this regeneration: `skills_per_regen` skills round-robin."""
-    k = min(self.cfg.skills_per_regen or len(self.skills), len(self.skills))
-    g = it // self.cfg.regen_every
-    chosen = [self.skills[(g * k + j) % len(self.skills)] for j in range(k)]
-    return [chosen[e % k] for e in range(self.cfg.num_envs)]
 
   def _design(self, it: int, metrics: dict, times: dict) -> None:
     """Regenerates every slot, resampling invalid programs; samples join `pending`."""
@@ -213,7 +220,7 @@ class SelfPlay:
         self._install_pool(e, it)
       return
     t0 = time.perf_counter()
-    skills = self._regen_skills(it)
+    skills = regen_skills(self.skills, cfg.skills_per_regen, it // cfg.regen_every, E)
     prompts, docs = [], []
     budget = cfg.designer_prompt_tokens or None
     for e, skill in enumerate(skills):

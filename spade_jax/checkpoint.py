@@ -9,19 +9,19 @@ mid-save leaves the previous checkpoint as the latest.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from absl import logging
+from etils import epath
 import jax
 import orbax.checkpoint as ocp
 
 
 class Checkpointer:
-  """Saves and restores (state, buffer, host) under `<workdir>/checkpoints`."""
+  """Saves and restores (state, buffer, host) under `<workdir>/checkpoints` (local or gs://)."""
 
   def __init__(self, workdir: str, keep: int = 3):
-    self.directory = os.path.join(os.path.abspath(workdir), "checkpoints")
+    self.directory = epath.Path(workdir) / "checkpoints"
     self._mgr = ocp.CheckpointManager(
         self.directory,
         item_names=("state", "buffer", "host"),
@@ -54,6 +54,21 @@ class Checkpointer:
         buffer=ocp.args.StandardRestore(as_restore(abstract_buffer)),
         host=ocp.args.JsonRestore()))
     return out["state"], out["buffer"], dict(out["host"])
+
+  def restore_state(self, abstract_state: Any, step: int | None = None) -> Any:
+    """Restores only the train state of the given (or latest) step (e.g. for export)."""
+    step = self._mgr.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"No checkpoint under {self.directory}; train first or pass "
+                              "the workdir of a run that saved one.")
+    if step not in self._mgr.all_steps():
+      raise FileNotFoundError(f"No checkpoint step {step} under {self.directory}; saved "
+                              f"steps: {sorted(self._mgr.all_steps())}.")
+    as_restore = lambda tree: jax.tree.map(
+        lambda x: ocp.utils.to_shape_dtype_struct(x) if hasattr(x, "shape") else x, tree)
+    out = self._mgr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(as_restore(abstract_state))))
+    return out["state"]
 
   def close(self) -> None:
     self._mgr.close()

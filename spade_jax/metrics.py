@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from typing import Any, Mapping
 
+from etils import epath
 import jax
 import numpy as np
 
@@ -38,18 +38,16 @@ class MetricsWriter:
 
   def __init__(self, workdir: str, tensorboard: bool = True, resume_step: int | None = None):
     self._primary = jax.process_index() == 0
-    self._workdir = workdir
-    self._path = os.path.join(workdir, "metrics.jsonl")
+    self._workdir = epath.Path(workdir)
     self._tb = None
     if self._primary:
-      os.makedirs(workdir, exist_ok=True)
+      self._workdir.mkdir(parents=True, exist_ok=True)
       if resume_step is not None:
-        for name in os.listdir(workdir):
-          if name.endswith(".jsonl"):
-            _drop_after(os.path.join(workdir, name), resume_step)
+        for path in self._workdir.glob("*.jsonl"):
+          _drop_after(path, resume_step)
       if tensorboard:
         from clu import metric_writers  # pylint: disable=g-import-not-at-top
-        self._tb = metric_writers.SummaryWriter(os.path.join(workdir, "tensorboard"))
+        self._tb = metric_writers.SummaryWriter(str(self._workdir / "tensorboard"))
 
   def write(self, step: int, metrics: Mapping[str, Any]) -> dict[str, float]:
     """Writes the scalar entries of `metrics`; raises on NaN/inf naming the key and step."""
@@ -59,8 +57,8 @@ class MetricsWriter:
       raise NonFiniteMetricError(f"Non-finite metrics at step {step}: "
                                  + ", ".join(f"{k}={scalars[k]}" for k in bad))
     if self._primary:
-      with open(self._path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"step": int(step), **scalars}, sort_keys=True) + "\n")
+      _append(self._workdir / "metrics.jsonl",
+              [json.dumps({"step": int(step), **scalars}, sort_keys=True)])
       if self._tb is not None:
         self._tb.write_scalars(int(step), scalars)
         self._tb.flush()
@@ -70,32 +68,39 @@ class MetricsWriter:
     """Appends per-item records to ``<workdir>/<name>.jsonl``, each tagged with ``step``."""
     if not self._primary or not records:
       return
-    with open(os.path.join(self._workdir, f"{name}.jsonl"), "a", encoding="utf-8") as f:
-      for r in records:
-        f.write(json.dumps({"step": int(step), **r}, sort_keys=True) + "\n")
+    _append(self._workdir / f"{name}.jsonl",
+            [json.dumps({"step": int(step), **r}, sort_keys=True) for r in records])
 
   def close(self) -> None:
     if self._tb is not None:
       self._tb.close()
 
 
-def _drop_after(path: str, step: int) -> None:
-  """Rewrites a JSON-lines file without its rows past ``step`` (atomically)."""
-  with open(path, encoding="utf-8") as f:
-    lines = [ln for ln in f if ln.strip()]
+def _append(path: epath.Path, lines: list[str]) -> None:
+  """Appends lines; object stores (gs://) cannot append, so there the file is rewritten."""
+  text = "".join(line + "\n" for line in lines)
+  if "://" in str(path):
+    old = path.read_text() if path.exists() else ""
+    path.write_text(old + text)
+    return
+  with path.open("a", encoding="utf-8") as f:
+    f.write(text)
+
+
+def _drop_after(path: epath.Path, step: int) -> None:
+  """Rewrites a JSON-lines file without its rows past ``step`` (atomically where local)."""
+  lines = [ln for ln in path.read_text().splitlines() if ln.strip()]
   keep = [ln for ln in lines if json.loads(ln).get("step", 0) <= step]
   if len(keep) == len(lines):
     return
-  tmp = path + ".tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.writelines(keep)
-  os.replace(tmp, path)
+  tmp = path.parent / (path.name + ".tmp")
+  tmp.write_text("".join(ln + "\n" for ln in keep))
+  tmp.replace(path)
 
 
 def read_metrics(workdir: str, name: str = "metrics") -> list[dict[str, Any]]:
   """All rows of ``<workdir>/<name>.jsonl`` (empty when absent)."""
-  path = os.path.join(workdir, f"{name}.jsonl")
-  if not os.path.exists(path):
+  path = epath.Path(workdir) / f"{name}.jsonl"
+  if not path.exists():
     return []
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -488,8 +488,13 @@ class EnvMemory:
     """Writes the memory as JSON atomically: the old file survives any crash mid-write.
 
     Args:
-      path: destination file; its directory is created if missing.
+      path: destination file; its directory is created if missing. A remote path
+        (``gs://...``) is written in one upload, which object stores make atomic.
     """
+    if "://" in path:
+      from etils import epath  # pylint: disable=g-import-not-at-top
+      epath.Path(path).write_text(json.dumps(self.to_json()))
+      return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp",

@@ -155,8 +155,19 @@ def batch_divisor(mesh: Mesh, rules: Rules) -> int:
   return math.prod(mesh.shape[n] for n in names)
 
 
-def initialize_distributed() -> None:
-  """Initialises multi-host JAX when running on several hosts (launchers only)."""
+def initialize_distributed(coordinator_address: str | None = None,
+                           num_processes: int | None = None,
+                           process_id: int | None = None) -> None:
+  """Initialises multi-host JAX (launchers only).
+
+  On a Cloud TPU slice the arguments are discovered from the environment; elsewhere pass
+  them (e.g. one local process: ``"localhost:PORT", 1, 0``). Without arguments on a single
+  host there is nothing to join and the call only logs why.
+  """
+  if coordinator_address is not None:
+    jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    logging.info("jax.distributed: process %d of %d", jax.process_index(), jax.process_count())
+    return
   try:
     jax.distributed.initialize()
   except (ValueError, RuntimeError) as e:  # single host: nothing to join
@@ -179,6 +190,15 @@ def activation_sharding(mesh: Mesh, rules: Rules):
     yield
   finally:
     _ACTIVE.reset(token)
+
+
+def active_sharding() -> tuple[Mesh, Rules] | None:
+  """(mesh, rules) of the enclosing `activation_sharding` context, else None.
+
+  For model code that partitions work itself (`jax.shard_map`) rather than
+  only constraining where activations live.
+  """
+  return _ACTIVE.get()
 
 
 def constrain(x: jax.Array, axes: Sequence[str | None]) -> jax.Array:

@@ -250,13 +250,22 @@ class Trainer:
       self._init_jit = jax.jit(self._init, out_shardings=self.state_shardings)
     return self._init_jit(key)
 
-  def with_params(self, state: TrainState, params) -> TrainState:
-    """A fresh optimizer state around given parameters (e.g. imported weights)."""
+  def state_from_params(self, params) -> TrainState:
+    """A fresh train state around given parameters (e.g. imported weights).
+
+    The frozen reference copy (a separate buffer, since the update donates the state) is
+    made only when the KL coefficient is non-zero.
+    """
     params = jax.device_put(params, self.state_shardings.params)
-    return TrainState(step=jnp.int32(0), params=params,
+    ref = None
+    if self.loss_cfg.kl_coef:
+      ref = jax.jit(lambda p: jax.tree.map(jnp.copy, p),
+                    out_shardings=self.state_shardings.params)(params)
+    return TrainState(step=jax.device_put(jnp.int32(0), self.state_shardings.step),
+                      params=params,
                       opt_state=jax.jit(self.tx.init, out_shardings=
                                         self.state_shardings.opt_state)(params),
-                      ref_params=params if self.loss_cfg.kl_coef else None)
+                      ref_params=ref)
 
   # -- update ----------------------------------------------------------------
   def _logps(self, params, mb):

@@ -9,7 +9,7 @@ drives iterations, checkpoints and metrics.
 
 from spade_jax.selfplay.batch import Row, build_batches
 from spade_jax.selfplay.buffer import RegretBuffer
-from spade_jax.selfplay.build import Run, RunConfig, build, load_vocab, make, resolve
+from spade_jax.selfplay.build import Run, RunConfig, build_run, load_vocab, make, resolve, summary
 from spade_jax.selfplay.episodes import Episode, EpisodeSpec, run_episodes
 from spade_jax.selfplay.iteration import RoleSampling, SelfPlay, SelfPlayConfig, Slot
 from spade_jax.selfplay.loop import progress_line, train

@@ -19,7 +19,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -70,6 +70,9 @@ class SelfPlayConfig:
     fixed_pool: never call the designer; play built-in programs only (baseline).
     train_designer: put credited designer samples in the GRPO batch.
     no_corpus: ablation: designer prompts without a document.
+    designer_thinking: the designer and hint writer's chat prefix lets the model think
+      (False: Qwen3's non-thinking mode, an empty think block in front of each turn).
+    agent_thinking: the same for the agent.
   """
 
   setting: str = "games"
@@ -92,6 +95,8 @@ class SelfPlayConfig:
   fixed_pool: bool = False
   train_designer: bool = True
   no_corpus: bool = False
+  designer_thinking: bool = True
+  agent_thinking: bool = True
 
   def __post_init__(self):
     object.__setattr__(self, "skills", tuple(self.skills))
@@ -181,7 +186,9 @@ class SelfPlay:
       reward_cfg = dataclasses.replace(
           reward_cfg, scale=rw.reference_scale(cfg.plays, cfg.regen_every))
     self.cfg, self.trainer, self.state = cfg, trainer, state
-    self.vocab, self.chat = vocab, ChatTemplate(vocab)
+    self.vocab = vocab
+    self.chat = ChatTemplate(vocab, thinking=cfg.designer_thinking)  # designer + hints
+    self.agent_chat = ChatTemplate(vocab, thinking=cfg.agent_thinking)
     self.sampling = RoleSampling.of(sampling)
     self.pool, self.corpus, self.memory = pool, corpus, memory
     self.reward_cfg, self.validation = reward_cfg, validation
@@ -192,6 +199,7 @@ class SelfPlay:
     self.fresh = np.zeros(cfg.num_envs, bool)  # slots given a new program since the last play
     self.pending: list[DesignSample] = []
     self.sample_records: list[dict[str, Any]] = []
+    self.on_phase: Callable[[str], None] = lambda phase: None  # progress of long phases
     self.buffer = RegretBuffer.create(cfg.num_envs, cfg.plays, cfg.hinted_plays,
                                       window=max(reward_cfg.credit_window, 1),
                                       num_skills=len(envs.SKILLS[cfg.setting]))
@@ -350,7 +358,7 @@ class SelfPlay:
     specs += [EpisodeSpec(e, s, True, hints[(e, s)]) for e, s in hinted]
     episodes = run_episodes(
         self.pool, [s.source or "" for s in self.slots], specs, self._policy(it, "agent"),
-        self.chat, dz.agent_system_prompt(cfg.setting),
+        self.agent_chat, dz.agent_system_prompt(cfg.setting),
         max_turns=cfg.max_turns, max_turn_tokens=cfg.agent_turn_tokens,
         max_len=self.trainer.train_cfg.seq_len, action_mode=self.setting.action_mode)
     times["play"] = time.perf_counter() - t0
@@ -478,8 +486,10 @@ class SelfPlay:
     metrics: dict[str, float] = {}
     times = {"design": 0.0, "validate": 0.0}
     if it % cfg.regen_every == 0:
+      self.on_phase("design + validate")
       self._design(it, metrics, times)
       if cfg.hint_source == "policy":
+        self.on_phase("hints")
         t0 = time.perf_counter()
         self._policy_hints(it, metrics)
         times["hint"] = time.perf_counter() - t0
@@ -487,6 +497,7 @@ class SelfPlay:
       rule = getattr(self.sampling, role)
       metrics.update({f"sampling/{role}/temperature": rule.temperature,
                       f"sampling/{role}/top_p": rule.top_p, f"sampling/{role}/top_k": rule.top_k})
+    self.on_phase("play")
     nohint = self._play(it, metrics, times)
     out = rw.compute_rewards(self.buffer, self.reward_cfg)
     for k, v in out.metrics.items():
@@ -500,6 +511,7 @@ class SelfPlay:
     for (e, j), ep in sorted(nohint.items()):
       if not ep.failed and ep.tokens:
         rows.append(Row(ep.tokens, ep.loss_mask, ep.logps, float(adv[e, j]), "agent"))
+    self.on_phase("train")
     t0 = time.perf_counter()
     tc = self.trainer.train_cfg
     batches, bstats = build_batches(rows, tc.batch_size, tc.seq_len, self.sampling.agent.pad_id)
@@ -509,7 +521,8 @@ class SelfPlay:
     times["train"] = time.perf_counter() - t0
     metrics.update({f"train/{k}": float(v) for k, v in tm.items()})
     metrics.update({f"time/{k}": v for k, v in times.items()})
-    metrics["sampler/compiled_programs"] = num_compiled_programs()
+    # A fact about this process (a resumed run compiles again), not about the run.
+    metrics["process/compiled_programs"] = num_compiled_programs()
     metrics["memory/size"] = len(self.memory)
     return metrics
 

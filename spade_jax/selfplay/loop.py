@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import os
+import json
 import time
-from typing import Mapping
+from typing import Any, Mapping
 
 from absl import logging
+from etils import epath
 import jax
 
 from spade_jax import sandbox
 from spade_jax.checkpoint import Checkpointer
 from spade_jax.metrics import MetricsWriter
-from spade_jax.selfplay.build import build
+from spade_jax.selfplay.build import RESUMABLE_CHANGES, build_run, summary
 
 
 def progress_line(it: int, total: int, m: Mapping[str, float]) -> str:
@@ -53,17 +54,61 @@ def _say(msg: str, *args) -> None:
   print(msg % args, flush=True)
 
 
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, Mapping):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = list(v) if isinstance(v, tuple) else v
+  return out
+
+
+def check_config(config, workdir: epath.Path) -> None:
+  """Writes the run's config to ``<workdir>/config.json``, or refuses a different one.
+
+  A rerun may change only :data:`RESUMABLE_CHANGES`; any other difference raises, naming
+  the differing keys, so a workdir never mixes two experiments.
+  """
+  current = _flat(json.loads(json.dumps(
+      config.to_dict() if hasattr(config, "to_dict") else dict(config), default=str)))
+  path = workdir / "config.json"
+  if path.exists():
+    saved = _flat(json.loads(path.read_text()))
+    keys = sorted(set(saved) | set(current))
+    differ = [k for k in keys if k not in RESUMABLE_CHANGES
+              and saved.get(k, "<unset>") != current.get(k, "<unset>")]
+    if differ:
+      detail = "; ".join(f"{k}: {saved.get(k, '<unset>')!r} -> {current.get(k, '<unset>')!r}"
+                         for k in differ[:12])
+      raise ValueError(
+          f"{path} holds a different config ({len(differ)} key(s) differ: {detail}). A "
+          f"workdir belongs to one run: use a new --workdir, or rerun with the saved config "
+          f"(only {', '.join(RESUMABLE_CHANGES)} may change).")
+  path.write_text(json.dumps(current, indent=1, sort_keys=True))
+
+
 def train(config, workdir: str) -> dict[str, float]:
-  """Runs (or resumes) self-play training in ``workdir``; returns the last metrics."""
-  workdir = os.path.abspath(workdir)
-  os.makedirs(workdir, exist_ok=True)
-  run = build(config)
+  """Runs (or resumes) self-play training in ``workdir``; returns the last metrics.
+
+  ``workdir`` may be local or remote (``gs://...``): paths go through ``etils.epath``.
+  """
+  wd = epath.Path(workdir)
+  if "://" not in workdir:
+    wd = wd.resolve()
+  wd.mkdir(parents=True, exist_ok=True)
+  workdir = str(wd)
+  run = build_run(config)
+  check_config(config, wd)
   c, trainer = run.config, run.trainer
+  _say("%s", summary(run))
   ckpt = Checkpointer(workdir, keep=c.keep_checkpoints)
   writer = None
   with sandbox.EnvPool(c.sandbox) as pool:
     if pool.report is not None:
       _say("sandbox: %s", pool.report.summary())
+    if c.init_from:
+      _say("loading weights from %s", c.init_from)
     sp = run.selfplay(pool, workdir)
     _say("%s", sampling_line(sp))
     start = 0
@@ -83,6 +128,9 @@ def train(config, workdir: str) -> dict[str, float]:
     last: dict[str, float] = {}
     every = max(1, c.checkpoint_every)
     for it in range(start, c.iterations):
+      # The first iteration in a process compiles every program: show its phases.
+      sp.on_phase = (lambda p, it=it: _say("  iter %d: %s ...", it + 1, p)) if it == start \
+          else (lambda p, it=it: logging.info("iter %d: %s", it + 1, p))
       t0 = time.perf_counter()
       metrics = sp.iteration(it)
       metrics["time/iteration"] = time.perf_counter() - t0
@@ -92,7 +140,7 @@ def train(config, workdir: str) -> dict[str, float]:
       _say("%s", progress_line(it, c.iterations, last))
       if (it + 1) % every == 0 or it + 1 == c.iterations:
         ckpt.save(it + 1, sp.state, sp.buffer, {**sp.host_state(), "next_iteration": it + 1})
-        sp.memory.save(os.path.join(workdir, "memory.json"))
+        sp.memory.save(str(wd / "memory.json"))
   writer.close()
   ckpt.close()
   return last

@@ -1,0 +1,163 @@
+"""Pieces the recipe configs share: argument parsing, mesh presets, the paper's numbers, the
+ablations, and the tiny Hugging Face checkpoint that `smoke` variants start from.
+
+A recipe's argument is big_vision style, comma-separated `key=value` pairs and bare flags:
+`games.py:model=qwen3_4b_instruct_2507,mesh=v5p-64,ablation=no_corpus` or `games.py:smoke`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+import ml_collections
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY_TOKENIZER = os.path.join(REPO, "experiments", "tokenizers", "tiny_bpe_4k")
+
+# Hugging Face names of the presets the recipes start from.
+HF_NAMES = {
+    "qwen3_4b_instruct_2507": "Qwen3-4B-Instruct-2507",
+    "qwen3_30b_a3b_instruct_2507": "Qwen3-30B-A3B-Instruct-2507",
+    "qwen3_4b": "Qwen3-4B", "qwen3_8b": "Qwen3-8B", "qwen3_30b_a3b": "Qwen3-30B-A3B",
+}
+
+# Chips (JAX devices) per slice; a preset's mesh uses them all, with explicit axis sizes so
+# a dry run knows how many devices to plan for.
+SLICES = {"v5p-64": 32, "v5p-128": 64, "v5p-256": 128, "v6e-64": 64, "v4-64": 32,
+          "v4-128": 64}
+# Experts per expert-parallel group for MoE models (the reference runs 30B-A3B with EP 8).
+EXPERT_PARALLEL = 8
+
+# The reference's sampling, optimiser and loss (REFERENCE §1, §6).
+SAMPLING = dict(temperature=0.6, top_p=0.95, top_k=20)
+HINT_SAMPLING = dict(temperature=0.3, top_p=0.95, top_k=20)
+OPTIMIZER = dict(name="adamw", learning_rate=1e-6, schedule="constant", weight_decay=0.1,
+                 b1=0.9, b2=0.98)
+LOSS = dict(eps_low=0.2, eps_high=0.28, kl_estimator="k3", entropy_coef=0.0, tis_cap=2.0,
+            aggregation="token_mean")
+
+# REFERENCE §9: each ablation as the config change that makes it.
+ABLATIONS = {
+    "": {},
+    "no_corpus": {"selfplay.no_corpus": True},
+    "no_memory": {"memory.no_memory": True},
+    "no_designer_training": {"selfplay.train_designer": False},
+    "static_pool": {"selfplay.fixed_pool": True},
+    "two_skills": {"selfplay.skills": ("mathematical reasoning", "pattern recognition"),
+                   "selfplay.skills_per_regen": 2},
+    "learning_potential": {"rewards.variant": "learning_potential"},
+    "solve_rate": {"rewards.variant": "solve_rate"},
+}
+
+
+def parse_arg(arg: str, **defaults):
+  """Parses `a=1,b,c=x` against `defaults` (their types convert the values).
+
+  Returns:
+    An `ml_collections.ConfigDict` with every default, overridden by the argument. A bare
+    key sets a boolean default to True. Unknown keys raise, listing the valid ones.
+  """
+  out = dict(defaults)
+  for part in filter(None, (p.strip() for p in arg.split(","))):
+    key, eq, value = part.partition("=")
+    if key not in defaults:
+      raise ValueError(f"Unknown config argument {key!r} in {arg!r}; valid: "
+                       f"{sorted(defaults)}.")
+    default = defaults[key]
+    if not eq:
+      if not isinstance(default, bool):
+        raise ValueError(f"Config argument {key!r} needs a value ({key}=...).")
+      out[key] = True
+    elif isinstance(default, bool):
+      out[key] = value.lower() in ("1", "true", "yes")
+    else:
+      out[key] = type(default)(value)
+  return ml_collections.ConfigDict(out)
+
+
+def choose(name: str, value: str, table) -> None:
+  """Raises when `value` is not a key of `table`, listing the valid ones."""
+  if value not in table:
+    raise ValueError(f"Unknown {name} {value!r}; expected one of {sorted(table)}.")
+
+
+def mesh_preset(mesh: str, moe: bool) -> dict:
+  """Mesh axes and rule set for a slice: FSDP for dense models, FSDP x expert for MoE."""
+  if mesh == "cpu":
+    return dict(data=-1, fsdp=1, tensor=1, expert=1, rules="fsdp")
+  choose("mesh", mesh, {**SLICES, "cpu": 0})
+  n = SLICES[mesh]
+  if moe:
+    return dict(data=1, fsdp=n // EXPERT_PARALLEL, tensor=1, expert=EXPERT_PARALLEL,
+                rules="fsdp_tensor_expert")
+  return dict(data=1, fsdp=n, tensor=1, expert=1, rules="fsdp")
+
+
+def apply(c: ml_collections.ConfigDict, changes: dict) -> None:
+  """Applies dotted-key changes (`{"selfplay.no_corpus": True}`) to a config."""
+  for dotted, value in changes.items():
+    section, key = dotted.split(".")
+    c[section][key] = value
+
+
+def default_checkpoint(model: str) -> str:
+  """Where a recipe looks for its starting checkpoint: $SPADE_JAX_CHECKPOINTS/<HF name>."""
+  root = os.environ.get("SPADE_JAX_CHECKPOINTS", "~/checkpoints")
+  return os.path.join(os.path.expanduser(root), HF_NAMES.get(model, model))
+
+
+def cache_dir() -> str:
+  return os.path.expanduser(os.environ.get("SPADE_JAX_CACHE", "~/.cache/spade_jax"))
+
+
+def tiny_hf_checkpoint(moe: bool = False) -> str:
+  """A tiny random Qwen3 (or Qwen3-MoE) in Hugging Face format with the tiny BPE tokenizer.
+
+  Written once into the cache directory ($SPADE_JAX_CACHE, default ~/.cache/spade_jax) by our
+  own exporter (same seed, same files every time), so `smoke` variants start through the
+  same `model.init_from=hf:DIR` path as the paper's recipes.
+
+  Returns:
+    The checkpoint directory.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  name = "tiny_qwen3_moe_hf" if moe else "tiny_qwen3_hf"
+  out = os.path.join(cache_dir(), name)
+  if os.path.isfile(os.path.join(out, "config.json")):
+    return out
+  cfg = models.get_preset("tiny_moe" if moe else "tiny", vocab_size=4096)
+  params = models.init_params(jax.random.key(0), cfg)
+  os.makedirs(cache_dir(), exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=f".{name}.", dir=cache_dir())
+  models.save_hf(tmp, params, cfg)
+  models.copy_tokenizer_files(TINY_TOKENIZER, tmp)
+  try:
+    os.rename(tmp, out)  # atomic: concurrent builders keep the first
+  except OSError:
+    shutil.rmtree(tmp, ignore_errors=True)
+  return out
+
+
+def smoke(c: ml_collections.ConfigDict, moe: bool = False) -> None:
+  """Shrinks a recipe to a CPU run through the same code path (a tiny HF checkpoint)."""
+  c.iterations = 2
+  c.model = dict(init_from="hf:" + tiny_hf_checkpoint(moe))
+  c.tokenizer = ""
+  c.mesh = mesh_preset("cpu", moe)
+  c.train = dict(batch_size=8, seq_len=1536, num_microbatches=1)
+  c.optimizer.learning_rate = 1e-4
+  s = c.selfplay
+  s.num_envs, s.plays, s.hinted_plays, s.max_turns = 2, 2, 2, 2
+  s.agent_turn_tokens, s.designer_new_tokens, s.designer_prompt_tokens = 24, 64, 1280
+  s.designer_resamples, s.regen_every, s.hint_tokens = 1, 1, 32
+  c.rewards.credit_window = 1
+  c.corpus = dict(source="embedded", max_words=200)
+  c.sandbox = dict(num_workers=2)
+  c.validation = dict(random_episodes=2, random_steps=3)
+
+
+__all__ = ["ABLATIONS", "apply", "choose", "mesh_preset", "parse_arg", "smoke",
+           "tiny_hf_checkpoint"]

@@ -14,11 +14,13 @@ FLOORS = {
     "parallel": 1, "sandbox": 1, "metrics": 1, "checkpoint": 1,
     "models": 2, "envs": 2,
     "sampling": 3, "rl": 3, "designer": 3,
-    "selfplay": 4,
+    "eval": 4,
+    "selfplay": 5, "plots": 5,
 }
 # Names of the env contract: assigned only in spade_jax/envs/contract.py.
 CONTRACT_NAMES = ("ALLOWED_IMPORTS", "MAX_SOURCE_BYTES", "MAX_PROGRAM_BYTES", "SETTINGS",
-                  "SKILLS", "REASONS", "VALIDATION_REASONS", "FINAL_ANSWER_TOOL", "HINT_SOURCES")
+                  "SKILLS", "REASONS", "VALIDATION_REASONS", "COMMON_RULES", "TOOL_DOMAINS",
+                  "TOOL_TASK_TYPES", "HINT_SOURCES")
 
 
 def _modules() -> dict[str, pathlib.Path]:

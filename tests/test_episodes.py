@@ -35,8 +35,8 @@ class _Bytes:
 class _FakePool:
   """Env e: observations of length depending on the turn; ends after 2 + seed % 3 turns."""
 
-  def start(self, sources, max_turns=25, action_mode="auto"):
-    assert action_mode in ("auto", "tool_call")
+  def start(self, sources, max_turns=25, class_names=None, action_mode="auto"):
+    assert action_mode in ("auto", "raw")
     return [{"turn": 0, "seed": None} for _ in sources]
 
   def reset_many(self, handles, seeds):

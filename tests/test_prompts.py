@@ -45,12 +45,15 @@ def test_every_skill_renders_with_contract(setting):
     assert skill in p and doc.text in p and f"id: {doc.id}" in p
     assert "Difficulty: medium" in p
     assert ("DIFFERENT game" if setting == "games" else "DIFFERENT task") in p
+    own = (("step(self, action: str) -> tuple[str, float, bool, bool, dict]", "[-1, 1]",
+            "class CoinChangeEnv") if setting == "games" else
+           ("no `step` method", "self.tasks", "tool_<name>(self, **arguments) -> str",
+            "respond(self, text: str) -> str", "<answer>done</answer>",
+            "class LibraryLoansEnv", "Domain: ", "Task type: "))
     for piece in ("ends in `Env`", "__init__(self, max_turns: int = 25, **kwargs)",
                   "reset(self, seed: int | None = None, options: dict | None = None)",
-                  "step(self, action: str) -> tuple[str, float, bool, bool, dict]",
-                  "solution(self) -> list[str]", "hint(self) -> str", "[-1, 1]",
-                  "```python", negative.reason, "class " + ("CoinChangeEnv" if setting ==
-                                                             "games" else "LibraryLoansEnv")):
+                  "solution(self) -> list[str]", "hint(self) -> str", "```python",
+                  negative.reason, prompts_lib.contract_text(setting)) + own:
       assert piece in p, (setting, skill, piece)
     for module in ALLOWED_IMPORTS:
       assert module in p
@@ -205,7 +208,7 @@ def test_token_budget_cuts_only_a_long_document(count_tokens):
   for piece in ("You design training environments", "Target skill: optimization: ",
                 SETTINGS["games"].skills["optimization"], "Difficulty: medium",
                 _SMALL.strip(), "Reason: trivial: random play solves 100% of episodes",
-                "How the agent interacts", prompts_lib.CONTRACT, prompts_lib.OUTPUT_FORMAT):
+                "How the agent interacts", prompts_lib.contract_text("games"), prompts_lib.OUTPUT_FORMAT):
     assert piece in p, piece
 
 

@@ -66,6 +66,9 @@ def test_other_recipe_smokes_run(module, arg, tmp_path):
     assert saved["selfplay.no_corpus"] is True
   else:
     assert saved["selfplay.setting"] == "tool_use"
+    row = read_metrics(str(tmp_path))[0]
+    # Unhinted and hinted arms through the tool conversation (pool slots: built-in tools).
+    assert row["agent/episodes"] == 2 * (2 + 2) and row["agent/hints"] > 0
 
 
 def test_recipes_carry_the_papers_numbers():

@@ -153,6 +153,8 @@ def smoke(c: ml_collections.ConfigDict, moe: bool = False) -> None:
   s.num_envs, s.plays, s.hinted_plays, s.max_turns = 2, 2, 2, 2
   s.agent_turn_tokens, s.designer_new_tokens, s.designer_prompt_tokens = 24, 64, 1280
   s.designer_resamples, s.regen_every, s.hint_tokens = 1, 1, 32
+  if "llm_validator" in s:
+    s.judge_tokens = 32
   c.rewards.credit_window = 1
   c.corpus = dict(source="embedded", max_words=200)
   c.sandbox = dict(num_workers=2)

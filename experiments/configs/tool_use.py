@@ -61,7 +61,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       hinted_plays=m["hinted"], max_turns=25, agent_turn_tokens=8192,
       designer_new_tokens=m["designer_tokens"], designer_prompt_tokens=12_288,
       skills_per_regen=3, designer_resamples=5, regen_every=m["regen"], hint_source="policy",
-      hint_tokens=1024, designer_thinking=True, agent_thinking=True)
+      hint_tokens=1024, llm_validator=True, judge_tokens=2048, designer_thinking=True,
+      agent_thinking=True)
   c.rewards = dict(variant="blend", credit_window=m["regen"])
   c.corpus = dict(source="embedded", max_words=4000)
   c.memory = dict(capacity=200)

@@ -9,11 +9,11 @@ from spade_jax.designer.hints import HINT_SOURCES, Hint, clean_hint, finalize_hi
 from spade_jax.designer.memory import (EnvMemory, MemoryConfig, MemoryRecord, code_hash,
                                        elided_program, render_program)
 from spade_jax.designer.prompts import (agent_system_prompt, designer_prompt, hint_prompt,
-                                        hinted_observation)
+                                        hinted_observation, judge_prompt)
 
 __all__ = [
     "Corpus", "CorpusConfig", "Document", "EnvMemory", "HINT_SOURCES", "Hint", "MemoryConfig",
     "MemoryRecord", "SOURCES", "agent_system_prompt", "clean_hint", "code_hash",
     "designer_prompt", "elided_program", "finalize_hint", "hint_leaks", "hint_prompt",
-    "hinted_observation", "render_program", "truncate",
+    "hinted_observation", "judge_prompt", "render_program", "truncate",
 ]

@@ -11,40 +11,19 @@ setting.
 
 from __future__ import annotations
 
-import textwrap
 from collections.abc import Callable, Sequence
 
 from spade_jax.designer.corpus import Document, truncate
 from spade_jax.designer.memory import MemoryRecord, ProgramRenderer, render_program
-from spade_jax.envs.contract import (ALLOWED_IMPORTS, MAX_SOURCE_BYTES, SETTINGS, SKILLS,
-                                     Setting, check_skill)
+from spade_jax.envs.builtin import builtin_program
+from spade_jax.envs.contract import (COMMON_RULES, SETTINGS, SKILLS, TOOL_DOMAINS,
+                                     TOOL_TASK_TYPES, Setting, check_skill)
 
-CONTRACT = textwrap.dedent(f"""\
-    Program contract (programs that break it are rejected):
-    - Define exactly one class whose name ends in `Env`. Helper functions and constants at
-      module level are allowed.
-    - `__init__(self, max_turns: int = 25, **kwargs)`; store `max_turns` and end the
-      episode with truncated=True once that many steps have been taken.
-    - `reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]`
-      returns (first observation, info dict). It starts a new episode and fully resets the
-      hidden state.
-    - `step(self, action: str) -> tuple[str, float, bool, bool, dict]` returns
-      (observation, reward, terminated, truncated, info).
-    - Rewards are finite floats in [-1, 1]. The terminal reward 1.0 means the episode was
-      solved; a failed or unfinished episode never earns 1.0.
-    - Optional `solution(self) -> list[str]`: a list of actions that solves the episode
-      started by the last `reset` when replayed from there. Provide it whenever you can:
-      it proves the task is feasible.
-    - Optional `hint(self) -> str`: privileged guidance for the current episode that
-      makes it easier without listing the solution's actions.
-    - All randomness comes from `random.Random(seed)` created in `reset`; the same seed and
-      the same actions must give the same observations and rewards. Never use time,
-      global random state, files, network or environment variables.
-    - Imports are limited to these pure standard-library modules: {", ".join(ALLOWED_IMPORTS)}.
-    - Observations are plain text, at most a few thousand characters. The source stays
-      under {MAX_SOURCE_BYTES // 1024} KiB.
-    - Random or do-nothing play must not solve the task; a careful player must be able to.
-    """).rstrip()
+def contract_text(setting: str) -> str:
+  """The program contract of ``setting`` as the designer reads it (from envs.contract)."""
+  return ("Program contract (programs that break it are rejected):\n"
+          + SETTINGS[setting].program_rules + "\n" + COMMON_RULES)
+
 
 OUTPUT_FORMAT = ("Reply with the complete program in one ```python fenced code block. "
                  "Do not write anything after the closing fence.")
@@ -66,10 +45,12 @@ def _head(setting: Setting, skill: str) -> str:
           "rate. Vary structure and difficulty through `reset(seed)`.")
 
 
-def _doc_section(doc_id: str, text: str) -> str:
-  return (f"Reference document (id: {doc_id}). Draw the theme, entities, rules or numbers "
-          "of your environment from it. The environment must be playable without reading "
-          "the document; do not mention the document in the observations.\n"
+def _doc_section(doc_id: str, text: str, flavour: bool = False) -> str:
+  use = ("You may borrow names, entities or details from it as flavour for the domain."
+         if flavour else "Draw the theme, entities, rules or numbers of your environment "
+         "from it.")
+  return (f"Reference document (id: {doc_id}). {use} The environment must be playable "
+          "without reading the document; do not mention the document in the observations.\n"
           f"<document>\n{text}\n</document>")
 
 
@@ -127,7 +108,8 @@ def _negative_section(negative: MemoryRecord, program: ProgramRenderer, cap: int
 def designer_prompt(setting: str, skill: str, document: Document | None = None,
                     exemplars: Sequence[MemoryRecord] = (), negative: MemoryRecord | None = None,
                     *, budget: int | None = 24_000, count: Callable[[str], int] = len,
-                    doc_words: int | None = None, no_corpus: bool = False) -> str:
+                    doc_words: int | None = None, no_corpus: bool = False,
+                    domain: str | None = None, task_type: str | None = None) -> str:
   """The designer's instruction for one environment, within ``budget``.
 
   Sections, in order: head (task, skill and its description, difficulty "medium"), the
@@ -155,6 +137,8 @@ def designer_prompt(setting: str, skill: str, document: Document | None = None,
     doc_words: word cap of the document; default the setting's ``doc_words``
       (6,000 games / 4,000 tool use).
     no_corpus: ablation switch; drops the document even if one is given.
+    domain: tool use: one of ``envs.TOOL_DOMAINS`` (REFERENCE §5 samples one per slot).
+    task_type: tool use: one of ``envs.TOOL_TASK_TYPES``.
 
   Returns:
     The prompt text (one user message) with ``count(prompt) <= budget``.
@@ -166,14 +150,21 @@ def designer_prompt(setting: str, skill: str, document: Document | None = None,
   s = SETTINGS[setting]
   check_skill(setting, skill)
   head = _head(s, skill)
-  tail = [f"How the agent interacts: {s.interaction}", CONTRACT, OUTPUT_FORMAT]
+  if s.tool_harness:
+    domain = domain or TOOL_DOMAINS[0]
+    task_type = task_type or next(iter(TOOL_TASK_TYPES))
+    if domain not in TOOL_DOMAINS or task_type not in TOOL_TASK_TYPES:
+      raise ValueError(f"Unknown tool-use domain {domain!r} or task type {task_type!r}; "
+                       f"domains: {list(TOOL_DOMAINS)}; task types: {list(TOOL_TASK_TYPES)}.")
+    head += f"\n\nDomain: {domain}. Task type: {task_type}: {TOOL_TASK_TYPES[task_type]}"
+  tail = [f"How the agent interacts: {s.interaction}", contract_text(setting), OUTPUT_FORMAT]
   shown = [ProgramRenderer(r.program) for r in exemplars]
   shown_negative = ProgramRenderer(negative.program) if negative is not None else None
 
   def build(doc_text: str, cap: int) -> str:
     sections = [head]
     if doc_text:
-      sections.append(_doc_section(document.id, doc_text))
+      sections.append(_doc_section(document.id, doc_text, s.tool_harness))
     if exemplars:
       sections.append(_exemplar_section(s, exemplars, shown, cap))
     if negative is not None:
@@ -282,6 +273,24 @@ def hint_prompt(program: str, setting: str, max_chars: int = 24_000) -> str:
   return f"{head}\n\n```python\n{code}\n```\n\n{tail}"
 
 
+def judge_prompt(program: str, setting: str, max_chars: int = 24_000) -> str:
+  """Asks the policy whether a tool-use program is sound (REFERENCE §5's LLM validator).
+
+  The answer is the content of the reply's last ``\\boxed{}``: yes or no.
+  """
+  s = SETTINGS[setting]
+  head = ("Below is the source code of a tool-use training environment. Its requests "
+          "(`self.tasks`) come with criteria checked against the hidden state. Judge it: is "
+          "every criterion reachable with the declared tools, are the requests free of "
+          "contradictions, and does at most one criterion already hold when the episode "
+          "starts?\n\n"
+          f"How the agent interacts: {s.interaction}")
+  tail = ("Think briefly, then answer \\boxed{yes} if the environment is sound and "
+          "\\boxed{no} if it is not.")
+  code = render_program(program, max_chars - len(head) - len(tail) - 40) or ""
+  return f"{head}\n\n```python\n{code}\n```\n\n{tail}"
+
+
 def _demo_records(setting: str):
   doc = Document("pydoc_topics/augassign",
                  "Augmented assignment statements. Augmented assignment is the combination, "
@@ -293,7 +302,7 @@ def _demo_records(setting: str):
                         win_rate_nohint=0.375, win_rate_hint=0.75, regret=0.375,
                         designer_reward=0.93, iteration=12, setting=setting)
   else:
-    good = MemoryRecord(program=_DEMO_TOOL_PROGRAM, doc_id="stdlib/sqlite3",
+    good = MemoryRecord(program=builtin_program("library_loans"), doc_id="stdlib/sqlite3",
                         skill="data retrieval", win_rate_nohint=0.25, win_rate_hint=0.625,
                         regret=0.375, designer_reward=0.88, iteration=16, setting=setting)
   bad = MemoryRecord(program="class EchoEnv:\n  def reset(self, seed=None, options=None):\n"
@@ -303,62 +312,6 @@ def _demo_records(setting: str):
                      reason="trivial: random play solves 100% of episodes", iteration=9,
                      setting=setting)
   return doc, [good], bad
-
-
-_DEMO_TOOL_PROGRAM = '''\
-import json
-import random
-
-TOOLS = [
-    {"name": "search_books", "description": "Books whose title contains a word.",
-     "parameters": {"word": "string"}},
-    {"name": "get_loans", "description": "Loan history of a book id.",
-     "parameters": {"book_id": "integer"}},
-    {"name": "final_answer", "description": "Submit the answer; ends the task.",
-     "parameters": {"answer": "string"}},
-]
-
-
-class LibraryLoansEnv:
-  """Find which member borrowed a book most often."""
-
-  def __init__(self, max_turns: int = 25, **kwargs):
-    self.max_turns = max_turns
-
-  def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
-    rng = random.Random(seed)
-    words = ["river", "stone", "night", "glass"]
-    self.books = {i: f"The {rng.choice(words)} of {rng.choice(words)}" for i in range(1, 9)}
-    self.loans = {i: [rng.choice("ABCDE") for _ in range(rng.randint(2, 6))] for i in self.books}
-    self.target = rng.choice(sorted(self.books))
-    counts = {m: self.loans[self.target].count(m) for m in "ABCDE"}
-    self.answer = max(sorted(counts), key=counts.get)
-    self.turns = 0
-    return (f"Who borrowed book #{self.target} most often (ties: first letter)? "
-            f"Tools: {json.dumps(TOOLS)}"), {}
-
-  def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-    self.turns += 1
-    truncated = self.turns >= self.max_turns
-    try:
-      call = json.loads(action)
-      name, args = call["name"], call.get("arguments", {})
-    except (ValueError, KeyError, TypeError):
-      return "error: send one JSON tool call", 0.0, False, truncated, {}
-    if name == "search_books":
-      hits = {i: t for i, t in self.books.items() if str(args.get("word")) in t}
-      return json.dumps(hits), 0.0, False, truncated, {}
-    if name == "get_loans" and args.get("book_id") in self.loans:
-      return json.dumps(self.loans[args["book_id"]]), 0.0, False, truncated, {}
-    if name == "final_answer":
-      ok = str(args.get("answer", "")).strip().upper() == self.answer
-      return ("correct" if ok else "wrong"), float(ok), True, False, {}
-    return f"error: unknown tool or bad arguments: {action}", 0.0, False, truncated, {}
-
-  def solution(self) -> list[str]:
-    return [json.dumps({"name": "get_loans", "arguments": {"book_id": self.target}}),
-            json.dumps({"name": "final_answer", "arguments": {"answer": self.answer}})]
-'''
 
 
 _DEMO_PROGRAM = '''\

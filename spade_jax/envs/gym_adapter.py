@@ -25,6 +25,8 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
+from spade_jax.envs import tools as tools_lib
+from spade_jax.envs.contract import SETTINGS
 from spade_jax.sandbox import EnvHandle, EnvPool, SandboxConfig
 
 ENV_ID = "spade_jax/Program-v0"
@@ -57,19 +59,24 @@ class ProgramEnv(gymnasium.Env):
     max_action_chars: length bound of the action space.
     render_mode: None or "ansi" (returns the last observation).
     env_kwargs: extra keyword arguments for the program's ``__init__``.
+    setting: the program's setting (``envs.SETTINGS``); a tool-use program runs under the
+      tool-use harness, so an action is the agent's whole turn (tool calls or an answer)
+      and ``info`` carries the tool results, the revealed request and the tools.
   """
 
   metadata = {"render_modes": ["ansi"], "render_fps": 1}
 
   def __init__(self, source: str, max_turns: int = 25, pool: EnvPool | None = None,
                sandbox_config: SandboxConfig | None = None, max_action_chars: int = 8192,
-               render_mode: str | None = None, env_kwargs: dict[str, Any] | None = None):
+               render_mode: str | None = None, env_kwargs: dict[str, Any] | None = None,
+               setting: str = "games"):
     if not isinstance(source, str) or not source.strip():
       raise ValueError("ProgramEnv needs source=<env program text>; got "
                        f"{type(source).__name__} {str(source)[:40]!r}.")
     if render_mode not in (None, "ansi"):
       raise ValueError(f"render_mode={render_mode!r}; expected None or 'ansi'.")
-    self.source = source
+    SETTINGS.check(setting)
+    self.source, self.setting = source, setting
     self.max_turns = max_turns
     self.render_mode = render_mode
     self._env_kwargs = dict(env_kwargs or {})
@@ -90,8 +97,8 @@ class ProgramEnv(gymnasium.Env):
     if self._handle is None or not self._handle.alive:
       if self._handle is not None:
         self._pool.release([self._handle])
-      self._handle = self._pool.start([self.source], max_turns=self.max_turns,
-                                      kwargs=self._env_kwargs)[0]
+      self._handle = tools_lib.start(self._pool, [self.source], self.setting, self.max_turns,
+                                     kwargs=self._env_kwargs)[0]
     return self._handle
 
   @staticmethod

@@ -87,8 +87,9 @@ def extract_program(text: str | None) -> str | None:
   return None
 
 
-def _env_class(tree: ast.Module) -> tuple[str | None, list[str]]:
-  """Last top-level ``...Env`` class with reset/step (own or in-module bases)."""
+def _env_class(tree: ast.Module, tools: bool = False) -> tuple[str | None, list[str]]:
+  """Last top-level ``...Env`` class with reset/step (own or in-module bases); with
+  ``tools``, with reset and at least one ``tool_<name>`` method instead."""
   classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef)}
 
   def methods(name: str, seen: frozenset = frozenset()) -> set[str]:
@@ -103,13 +104,16 @@ def _env_class(tree: ast.Module) -> tuple[str | None, list[str]]:
 
   env_names = [n for n in classes if n.endswith("Env")]
   for name in reversed(env_names):
-    if {"reset", "step"} <= methods(name):
+    have = methods(name)
+    if tools and "reset" in have and any(m.startswith("tool_") for m in have):
+      return name, env_names
+    if not tools and {"reset", "step"} <= have:
       return name, env_names
   return None, env_names
 
 
 def check_static(source: str, allowed_imports: Collection[str] = ALLOWED_IMPORTS,
-                 max_bytes: int = MAX_SOURCE_BYTES
+                 max_bytes: int = MAX_SOURCE_BYTES, tools: bool = False
                  ) -> tuple[str | None, str, str | None]:
   """Static quality checks of env program source.
 
@@ -117,6 +121,7 @@ def check_static(source: str, allowed_imports: Collection[str] = ALLOWED_IMPORTS
     source: the program.
     allowed_imports: modules it may import (``from __future__`` is always allowed).
     max_bytes: size cap in UTF-8 bytes.
+    tools: a tool-use program (reset and ``tool_<name>`` methods; the harness adds step).
 
   Returns:
     (reason, detail, class_name): reason is None when the source passes, else
@@ -133,11 +138,12 @@ def check_static(source: str, allowed_imports: Collection[str] = ALLOWED_IMPORTS
   except (ValueError, RecursionError, MemoryError) as e:
     return "syntax", f"{type(e).__name__}: {e}", None
   allowed = frozenset(allowed_imports) | frozenset(COMPILER_DIRECTIVES)
-  name, env_names = _env_class(tree)
+  name, env_names = _env_class(tree, tools)
   if name is None:
     found = ", ".join(env_names) or "none"
+    need = "reset() and tool_<name>() methods" if tools else "reset() and step()"
     return "contract", ("expected a top-level class whose name ends in 'Env' defining "
-                        f"reset() and step(); classes ending in 'Env': {found}"), None
+                        f"{need}; classes ending in 'Env': {found}"), None
   for node in ast.walk(tree):
     if isinstance(node, ast.Import):
       for alias in node.names:
@@ -163,9 +169,19 @@ def check_static(source: str, allowed_imports: Collection[str] = ALLOWED_IMPORTS
   return None, "", name
 
 
+def env_class_name(source: str, tools: bool = False) -> str | None:
+  """The env class :func:`check_static` would pick, or None (also when it does not parse)."""
+  try:
+    with _PARSE_LOCK:
+      tree = ast.parse(source)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return None
+  return _env_class(tree, tools)[0]
+
+
 def _import_msg(module: str, line: int, allowed: Collection[str]) -> str:
   return (f"import of {module!r} at line {line} is not allowed; env programs may import "
           f"only: {', '.join(sorted(allowed))}")
 
 
-__all__ = ["check_static", "extract_program"]
+__all__ = ["check_static", "env_class_name", "extract_program"]

@@ -4,6 +4,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from spade_jax.envs import tools as tools_lib
+from spade_jax.envs.contract import SETTINGS
 from spade_jax.sandbox import EnvPool
 
 
@@ -28,9 +30,10 @@ class Episode:
 
 
 def play_solutions(source: str, pool: EnvPool, seeds: Sequence[int],
-                   max_turns: int = 25) -> list[Episode]:
+                   max_turns: int = 25, setting: str = "games") -> list[Episode]:
   """Plays ``solution()`` from a fresh instance per seed, all concurrently."""
-  handles = pool.start([source] * len(seeds), max_turns=max_turns)
+  handles = tools_lib.start(pool, [source] * len(seeds), setting, max_turns)
+  harness = SETTINGS[setting].tool_harness
   try:
     steps: list[list[tuple[Any, ...]]] = [[] for _ in seeds]
     fail: list[tuple[str | None, str]] = [(None, "")] * len(seeds)
@@ -49,7 +52,7 @@ def play_solutions(source: str, pool: EnvPool, seeds: Sequence[int],
     sols = pool.call_many([handles[i] for i in live], "solution")
     for i, r in zip(live, sols):
       if r.ok:
-        raw = handles[i].action_mode == "raw"
+        raw = handles[i].action_mode == "raw" and not harness
         scripts[i] = [f"\\boxed{{{a}}}" if raw and "\\boxed" not in a else a for a in r.value]
       else:
         fail[i] = (r.reason, r.detail)

@@ -24,7 +24,8 @@ from typing import Any
 
 from spade_jax.envs import contract
 from spade_jax.envs import program as program_lib
-from spade_jax.envs.contract import REASONS
+from spade_jax.envs import tools as tools_lib
+from spade_jax.envs.contract import REASONS, SETTINGS
 from spade_jax.sandbox import CallResult, EnvHandle, EnvPool, SandboxConfig
 
 _SOLVED = 1.0 - 1e-6
@@ -50,6 +51,10 @@ class ValidationConfig:
     behaviour_checks: run the determinism, feasibility, termination and triviality
       checks; False stops after the program loads and resets (closer to the reference,
       which checks no behaviour).
+    setting: the programs' setting (`envs.SETTINGS`). Tool-use programs run under the
+      tool-use harness and also pass the reset gate: for seeds 0-2, no criterion raises
+      on the reset state; and they must not hold every criterion at reset, nor win by
+      answering "done" at once (the no-op play).
     skip_static_checks: skip the AST quality filter (the sandbox still holds).
     extract: run :func:`extract_program` on the input text first.
     allowed_imports: import allow-list of the static checks.
@@ -67,6 +72,7 @@ class ValidationConfig:
   require_solution: bool = False
   check_termination: bool = True
   behaviour_checks: bool = True
+  setting: str = "games"
   skip_static_checks: bool = False
   extract: bool = True
   allowed_imports: tuple[str, ...] = contract.ALLOWED_IMPORTS
@@ -127,9 +133,9 @@ def random_actions(rng: random.Random, n: int) -> list[str]:
   return out
 
 
-def _as_turn(action: str, handle: EnvHandle) -> str:
+def _as_turn(action: str, handle: EnvHandle, tools: bool = False) -> str:
   """Turns a program-level action into agent turn text for that program."""
-  if handle.action_mode == "raw" and "\\boxed" not in action:
+  if not tools and handle.action_mode == "raw" and "\\boxed" not in action:
     return "\\boxed{" + action + "}"
   return action
 
@@ -175,8 +181,9 @@ def validate_program(text: str, pool: EnvPool | None = None,
     if size > cfg.max_source_bytes:
       reason, detail = "too_large", f"program is {size} bytes; the cap is {cfg.max_source_bytes}"
   else:
-    reason, detail, class_name = program_lib.check_static(source, cfg.allowed_imports,
-                                                          cfg.max_source_bytes)
+    reason, detail, class_name = program_lib.check_static(
+        source, cfg.allowed_imports, cfg.max_source_bytes,
+        tools=SETTINGS[cfg.setting].tool_harness)
   timings["static"] = time.perf_counter() - t
   if reason is not None:
     timings["total"] = time.perf_counter() - t0
@@ -191,9 +198,10 @@ def _dynamic(source: str, class_name: str | None, pool: EnvPool, cfg: Validation
              timings: dict[str, float], t0: float) -> Verdict:
   info: dict[str, Any] = {"class_name": class_name, "has_solution": False, "has_hint": False,
                           "transcript": (), "hint": None}
-  n = 3 + cfg.random_episodes
+  n = 3 + cfg.random_episodes + (2 if SETTINGS[cfg.setting].tool_harness else 0)
   t = time.perf_counter()
-  handles = pool.start([source] * n, max_turns=cfg.max_turns, class_names=[class_name] * n)
+  handles = tools_lib.start(pool, [source] * n, cfg.setting, cfg.max_turns,
+                            class_names=[class_name] * n)
   timings["load"] = time.perf_counter() - t
   t = time.perf_counter()
   try:
@@ -215,11 +223,19 @@ def _play(pool: EnvPool, handles: list[EnvHandle], cfg: ValidationConfig,
   for h in handles:
     if not h.alive:
       raise _Reject(h.reason or "crash", f"loading the program: {h.detail}")
-  a, b, noop, rnd = handles[0], handles[1], handles[2], handles[3:]
-  info.update(class_name=a.class_name, has_solution=a.has_solution, has_hint=a.has_hint)
-  seeds = [cfg.seed] * 3 + [cfg.seed + 1 + i for i in range(len(rnd))]
+  tools = SETTINGS[cfg.setting].tool_harness
+  gate = handles[3 + cfg.random_episodes:] if tools else []
+  a, b, noop = handles[0], handles[1], handles[2]
+  rnd = handles[3:3 + cfg.random_episodes]
+  info.update(class_name=info["class_name"] if tools else a.class_name,
+              has_solution=a.has_solution, has_hint=a.has_hint)
+  seeds = ([cfg.seed] * 3 + [cfg.seed + 1 + i for i in range(len(rnd))]
+           + [cfg.seed + 1 + i for i in range(len(gate))])
   resets = pool.reset_many(handles, seeds=seeds)
   obs = [_need(r, "reset()")[0] for r in resets]
+  if tools:
+    _reset_gate([(seeds[0], resets[0])] + [(seeds[3 + len(rnd) + i], r) for i, r in
+                                          enumerate(resets[3 + len(rnd):])])
   if not cfg.behaviour_checks:
     return
   if obs[0] != obs[1]:
@@ -242,10 +258,14 @@ def _play(pool: EnvPool, handles: list[EnvHandle], cfg: ValidationConfig,
     if len(sa) > cfg.max_turns:
       raise _Reject("infeasible", f"solution() needs {len(sa)} actions but max_turns is "
                     f"{cfg.max_turns}")
-    script = [_as_turn(x, a) for x in sa]
+    script = [_as_turn(x, a, tools) for x in sa]
   else:
-    script = [_as_turn(x, a) for x in random_actions(rng, cfg.probe_steps)]
-  rnd_scripts = [[_as_turn(x, h) for x in random_actions(rng, cfg.random_steps)] for h in rnd]
+    script = [_as_turn(x, a, tools) for x in random_actions(rng, cfg.probe_steps)]
+  rnd_scripts = [[_as_turn(x, h, tools) for x in random_actions(rng, cfg.random_steps)]
+                 for h in rnd]
+  # The no-op play: the empty turn; for tool use, answering "done" at once.
+  noop_turn, noop_what = (("<answer>done</answer>", 'answering "done" at once') if tools
+                          else ("", "playing the no-op action"))
   trans_b: list[tuple[Any, ...]] = [(None, obs[1], 0.0, False, False)]
   done = {id(h): False for h in handles}
   rnd_solved = 0
@@ -258,7 +278,7 @@ def _play(pool: EnvPool, handles: list[EnvHandle], cfg: ValidationConfig,
       if not done[id(h)] and turn < len(script):
         batch.append((h, script[turn], what))
     if not done[id(noop)]:
-      batch.append((noop, "", "playing the no-op action"))
+      batch.append((noop, noop_turn, noop_what))
     for h, s in zip(rnd, rnd_scripts):
       if not done[id(h)] and turn < len(s):
         batch.append((h, s[turn], "playing random actions"))
@@ -273,7 +293,8 @@ def _play(pool: EnvPool, handles: list[EnvHandle], cfg: ValidationConfig,
       elif h is b:
         trans_b.append((action, o, reward, term, trunc))
       elif h is noop and solved:
-        raise _Reject("trivial", f"the no-op action \"\" solved the env at turn {turn + 1}")
+        raise _Reject("trivial", f"{noop_what} ({noop_turn!r}) solved the env at turn "
+                      f"{turn + 1}")
       elif solved:
         rnd_solved += 1
       if term or trunc or (solved and h not in (a, b)):
@@ -292,6 +313,18 @@ def _play(pool: EnvPool, handles: list[EnvHandle], cfg: ValidationConfig,
                   "steps of the no-op action; set truncated=True when turns run out")
   if rnd and rnd_solved / len(rnd) > cfg.max_random_solve_rate:
     raise _Reject("trivial", f"{rnd_solved} of {len(rnd)} random plays solved the env")
+
+
+def _reset_gate(resets) -> None:
+  """REFERENCE §5's reset gate for tool-use programs (criteria on the reset state)."""
+  for seed, res in resets:
+    info = res.value[1]
+    if info.get("gate_errors"):
+      raise _Reject("reset_gate", f"seed {seed}: {info['gate_errors'][0]} on the reset "
+                    "state; criteria must be evaluable from the start")
+  first = resets[0][1].value[1].get("satisfied_at_reset") or []
+  if first and all(first):
+    raise _Reject("trivial", "every request's criterion already holds on the reset state")
 
 
 def validate_many(texts: Sequence[str], pool: EnvPool, config: ValidationConfig | None = None,

@@ -177,3 +177,13 @@ class ChatTemplate:
   def continuation(self, observation: str, role: str = "user") -> list[int]:
     """Tokens appended after an assistant turn: its end, a new message, the prefix."""
     return self.turn_end() + self.message(role, observation) + self.assistant_prefix()
+
+  def continuation_messages(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    """After an assistant turn: its end, several tool and user messages (consecutive tool
+    results share one user turn, as Qwen3 renders them), then the assistant prefix."""
+    for m in messages:
+      if m.get("role") not in ("tool", "user"):
+        raise ValueError(f"continuation_messages takes tool and user messages; got role "
+                         f"{m.get('role')!r}.")
+    return self.turn_end() + self.vocab.encode(render_chat(list(messages))) + \
+        self.assistant_prefix()

@@ -18,7 +18,7 @@ hint_sampling     the same, for the hint writer
 selfplay          :class:`spade_jax.selfplay.SelfPlayConfig`
 rewards           :class:`spade_jax.selfplay.RewardConfig`
 sandbox           ``spade_jax.sandbox.SandboxConfig``
-validation        ``spade_jax.envs.ValidationConfig`` (max_turns from selfplay)
+validation        ``spade_jax.envs.ValidationConfig`` (max_turns, setting from selfplay)
 corpus            ``spade_jax.designer.CorpusConfig``
 memory            ``spade_jax.designer.MemoryConfig``
 ================= ==================================================
@@ -233,7 +233,8 @@ def resolve(config, vocab=None, *, dry_run: bool = False) -> RunConfig:
   built = {name: make(SECTIONS[name], parts[name], name)
            for name in parts if name != "validation"}
   built["validation"] = make(envs.ValidationConfig,
-                             {"max_turns": built["selfplay"].max_turns, **parts["validation"],
+                             {"max_turns": built["selfplay"].max_turns,
+                              "setting": built["selfplay"].setting, **parts["validation"],
                               "sandbox": built["sandbox"]}, "validation")
   if vocab is not None and vocab.vocab_size > model.vocab_size:
     raise ValueError(f"model.vocab_size={model.vocab_size} is smaller than the "

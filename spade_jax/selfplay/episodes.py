@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import jax
 
+from spade_jax import envs
 from spade_jax.designer import hinted_observation
 from spade_jax.models.chat import ChatTemplate
 from spade_jax.sampling import Generation, Output, Sampler, Turn, schedule
@@ -56,6 +57,7 @@ class Episode:
   reward: float = 0.0
   turns: int = 0
   outcome: str = "running"
+  malformed: int = 0            # malformed tool calls (tool use)
 
   @property
   def solved(self) -> bool:
@@ -76,7 +78,7 @@ def _extend(ep: Episode, ids: Sequence[int], mask: bool, logps=None) -> None:
 def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
                  policy: Policy, chat: ChatTemplate, system_prompt: str | None,
                  *, max_turns: int, max_turn_tokens: int, max_len: int,
-                 max_slots: int | None = None, action_mode: str = "auto") -> list[Episode]:
+                 max_slots: int | None = None, setting: str = "games") -> list[Episode]:
   """Plays every spec to the end and returns one `Episode` per spec.
 
   Args:
@@ -94,16 +96,16 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
       with outcome "context".
     max_slots: with a `Sampler`, rows of the engine (default: one per
       episode); episodes beyond it wait for a slot to free up.
-    action_mode: how the sandbox hands each turn's text to `step`: "auto"
-      (games: content of the last \\boxed{}) or "tool_call" (tool use: the JSON
-      inside the last <tool_call>); see `EnvPool.start`.
+    setting: the programs' setting (`envs.SETTINGS`): how they start and how the agent's
+      turns reach them. Tool use runs the Qwen3 tool conversation: the tools the env
+      declares at reset go in the system turn, each turn's tool results come back as
+      tool messages and a revealed request as a user message.
 
   Returns:
     Episodes in the order of `specs`. Sandbox failures end an episode with the
     failure reason as outcome; they never raise.
   """
-  handles = pool.start([sources[s.env] for s in specs], max_turns=max_turns,
-                       action_mode=action_mode)
+  handles = envs.start(pool, [sources[s.env] for s in specs], setting, max_turns)
   try:
     resets = pool.reset_many(handles, seeds=[s.seed for s in specs])
     episodes = [Episode(spec, [], [], []) for spec in specs]
@@ -112,9 +114,10 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
       if not res.ok:
         ep.outcome = res.reason or "crash"
         continue
-      obs, _ = res.value
+      obs, info = res.value
       hint = ep.spec.hint if ep.spec.hinted else None
-      _extend(ep, chat.prompt(system_prompt, hinted_observation(obs, hint)), False)
+      _extend(ep, chat.prompt(system_prompt, hinted_observation(obs, hint),
+                              tools=info.get("tools")), False)
       if len(ep.tokens) + max_turn_tokens > max_len:
         ep.outcome = "context"
         continue
@@ -143,7 +146,8 @@ def _step_results(episodes, chat, idx, results, max_turn_tokens, max_len):
     if not res.ok:
       ep.outcome = res.reason or "crash"
       continue
-    obs, reward, terminated, truncated, _ = res.value
+    obs, reward, terminated, truncated, info = res.value
+    ep.malformed += int(info.get("malformed", 0) or 0)
     if not math.isfinite(reward):
       ep.outcome = "contract"
       continue
@@ -154,7 +158,12 @@ def _step_results(episodes, chat, idx, results, max_turn_tokens, max_len):
     if truncated:
       ep.outcome = "truncated"
       continue
-    nxt = chat.continuation(obs)
+    if "tool_results" in info:
+      msgs = [{"role": "tool", "content": r["content"]} for r in info["tool_results"]]
+      msgs += [{"role": "user", "content": info["user"]}] if info.get("user") else []
+      nxt = chat.continuation_messages(msgs or [{"role": "user", "content": obs}])
+    else:
+      nxt = chat.continuation(obs)
     if len(ep.tokens) + len(nxt) + max_turn_tokens > max_len:
       ep.outcome = "context"
       continue

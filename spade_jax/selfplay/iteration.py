@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import re
 import time
 from typing import Any, Callable
 
@@ -36,6 +37,12 @@ from spade_jax.selfplay.buffer import RegretBuffer
 from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes
 
 ROLES = ("designer", "hint", "agent")
+
+
+def _last_boxed(text: str) -> str | None:
+  """Content of the last \\boxed{...} of a reply (one level of nested braces)."""
+  found = re.findall(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}", text)
+  return found[-1] if found else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +77,9 @@ class SelfPlayConfig:
     fixed_pool: never call the designer; play built-in programs only (baseline).
     train_designer: put credited designer samples in the GRPO batch.
     no_corpus: ablation: designer prompts without a document.
+    llm_validator: the policy judges each program that passed validation and rejects
+      those it answers `\\boxed{no}` for (reason "judge"; REFERENCE §5, tool use).
+    judge_tokens: new tokens of a judgement.
     designer_thinking: the designer and hint writer's chat prefix lets the model think
       (False: Qwen3's non-thinking mode, an empty think block in front of each turn).
     agent_thinking: the same for the agent.
@@ -95,6 +105,8 @@ class SelfPlayConfig:
   fixed_pool: bool = False
   train_designer: bool = True
   no_corpus: bool = False
+  llm_validator: bool = False
+  judge_tokens: int = 256
   designer_thinking: bool = True
   agent_thinking: bool = True
 
@@ -194,7 +206,7 @@ class SelfPlay:
     self.reward_cfg, self.validation = reward_cfg, validation
     self.seed = seed
     self.base_key = jax.random.key(seed)
-    self.pool_programs = list(envs.builtin_programs().values())
+    self.pool_programs = list(envs.builtin_programs(cfg.setting).values())
     self.slots = [Slot() for _ in range(cfg.num_envs)]
     self.fresh = np.zeros(cfg.num_envs, bool)  # slots given a new program since the last play
     self.pending: list[DesignSample] = []
@@ -234,8 +246,14 @@ class SelfPlay:
     for e, skill in enumerate(skills):
       doc = None if cfg.no_corpus else self.corpus.next()
       docs.append(doc)
+      tool_kw = {}
+      if self.setting.tool_harness:  # REFERENCE §5: a domain and a task type per slot
+        pick = self._seed(it, e, 3)
+        tool_kw = dict(domain=envs.TOOL_DOMAINS[pick % len(envs.TOOL_DOMAINS)],
+                       task_type=list(envs.TOOL_TASK_TYPES)[(pick >> 8)
+                                                            % len(envs.TOOL_TASK_TYPES)])
       text = dz.designer_prompt(
-          cfg.setting, skill, doc,
+          cfg.setting, skill, doc, **tool_kw,
           exemplars=self.memory.exemplars(skill, setting=cfg.setting,
                                           seed=self._seed(it, e, 1)),
           negative=self.memory.negative(skill, setting=cfg.setting, seed=self._seed(it, e, 2)),
@@ -254,6 +272,8 @@ class SelfPlay:
       verdicts = envs.validate_many([self.vocab.decode(t) for t in gen.tokens], self.pool,
                                     self.validation)
       validate_s += time.perf_counter() - t1
+      if cfg.llm_validator:
+        verdicts = self._judge(it, attempt, verdicts, metrics)
       finished += gen.finished
       tokens += sum(len(t) for t in gen.tokens)
       attempts += len(need)
@@ -293,6 +313,24 @@ class SelfPlay:
     metrics["sampling/designer/tokens"] = tokens
     metrics["sampling/designer/finished_rate"] = float(np.mean(finished)) if finished else 0.0
 
+  def _judge(self, it: int, attempt: int, verdicts: list, metrics: dict) -> list:
+    """REFERENCE §5's LLM validator: the policy judges each valid program (hint sampling);
+    a `\\boxed{no}` (or no verdict) rejects it with reason "judge"."""
+    live = [i for i, v in enumerate(verdicts) if v.valid]
+    if not live:
+      return verdicts
+    prompts = [self.chat.prompt(None, dz.judge_prompt(verdicts[i].source, self.cfg.setting))
+               for i in live]
+    gen = self._policy(it, "hint")(prompts, self.cfg.judge_tokens)
+    out = list(verdicts)
+    for i, toks in zip(live, gen.tokens):
+      said = _last_boxed(self.vocab.decode(toks))
+      if said is None or said.strip().lower() != "yes":
+        out[i] = dataclasses.replace(out[i], valid=False, reason="judge",
+                                     detail=f"the judge answered {said!r} (attempt {attempt})")
+    metrics["designer/judged"] = metrics.get("designer/judged", 0) + len(live)
+    return out
+
   def _install_pool(self, e: int, it: int) -> None:
     src = self.pool_programs[(it + e) % len(self.pool_programs)]
     self.slots[e] = Slot(src, "pool", -1)
@@ -322,8 +360,8 @@ class SelfPlay:
     program = cfg.hint_source == "program"
     if not pairs or not (program or cfg.hint_leak_check):
       return {(e, s): self.slots[e].hint for e, s in pairs}
-    handles = self.pool.start([self.slots[e].source for e, _ in pairs],
-                              max_turns=cfg.max_turns, action_mode=self.setting.action_mode)
+    handles = envs.start(self.pool, [self.slots[e].source for e, _ in pairs], cfg.setting,
+                         cfg.max_turns)
     try:
       resets = self.pool.reset_many(handles, seeds=[s for _, s in pairs])
       ok = [h for h, r in zip(handles, resets) if r.ok]
@@ -360,7 +398,7 @@ class SelfPlay:
         self.pool, [s.source or "" for s in self.slots], specs, self._policy(it, "agent"),
         self.agent_chat, dz.agent_system_prompt(cfg.setting),
         max_turns=cfg.max_turns, max_turn_tokens=cfg.agent_turn_tokens,
-        max_len=self.trainer.train_cfg.seq_len, action_mode=self.setting.action_mode)
+        max_len=self.trainer.train_cfg.seq_len, setting=cfg.setting)
     times["play"] = time.perf_counter() - t0
 
     r_n, m_n = np.zeros((E, N), np.float32), np.zeros((E, N), bool)
@@ -396,6 +434,7 @@ class SelfPlay:
     metrics["agent/episodes"] = len(episodes)
     metrics["agent/mean_turns"] = float(np.mean([ep.turns for ep in episodes])) if episodes else 0.0
     metrics["agent/hints"] = sum(1 for s in specs if s.hinted and s.hint)
+    metrics["agent/malformed_calls"] = sum(ep.malformed for ep in episodes)
     metrics["sampling/agent/tokens"] = sum(sum(ep.loss_mask) for ep in episodes)
     metrics["env/failed_slots"] = int(failed.sum())
     return nohint

@@ -45,3 +45,15 @@ def test_decode_attention_benchmark_runs_and_variants_agree():
   out = _run("decode_attention", "--models=tiny", "--configs=2x200x100", "--repeats=1")
   assert "tiny  batch   2 prompt  200 new  100 cache   512:" in out
   assert "same tokens True" in out
+
+
+@pytest.mark.slow
+def test_sampler_benchmark_checks_tokens_and_load(tmp_path):
+  out = _run("sampler", "--models=tiny", "--batches=2", "--prompts=16", "--new=8",
+             "--repeats=2", "--retries=0", "--peers=transformers", f"--json={tmp_path}/s.json")
+  line = next(l for l in out.splitlines() if l.startswith("tiny  batch   2"))
+  assert "ours/transformers" in line and "TOKENS DIFFER" not in line
+  row = json.loads((tmp_path / "s.json").read_text())[0]
+  assert row["same_tokens_as_transformers"] and row["rounds"] == 2
+  lo, med, hi = row["ours_tok_s"]
+  assert 0 < lo <= med <= hi

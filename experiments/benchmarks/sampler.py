@@ -15,12 +15,16 @@ ignores the config's value. Tunix's sampler attends over its whole fixed cache
 every step, so each configuration gets a Tunix sampler whose cache is exactly
 prompt + new tokens (ours sizes its cache per call).
 
-Each configuration warms every engine once (compiles), then times
-`--repeats` interleaved rounds (ours, transformers, Tunix, ours, ...) and
-prints medians of tokens/s (new tokens over wall time, prefill included) and
-the ratios ours/peer. The default sweep is a representative subset (the full
-grid of batch 1/8/32 x prompt 64/512 x new 128/512 x both sizes takes hours
-on a 2-core machine): `--full` runs the whole grid.
+Each configuration warms every engine once (compiles) and checks that all engines emit
+the same greedy tokens (a mismatch is printed and recorded: a faster wrong engine is not a
+result). It then times `--repeats` (default 5) interleaved rounds (ours, transformers,
+Tunix, ours, ...). Around every timed call it reads /proc/stat and this process's CPU time:
+the machine's CPU steal and the CPU that other processes used while the call ran. A round
+in which either exceeds `--disturbed` (as a fraction of the call's wall time x cores) is
+repeated, up to `--retries` times, and reported. It prints min / median / max tokens/s per
+engine (new tokens over wall time, prefill included) and the median ratios ours/peer. The
+default sweep is a representative subset (the full grid of batch 1/8/32 x prompt 64/512 x
+new 128/512 x both sizes takes hours on a 2-core machine): `--full` runs the whole grid.
 """
 
 from __future__ import annotations
@@ -40,7 +44,11 @@ _MODELS = flags.DEFINE_list("models", ["tiny", "50m"], "Model sizes: tiny, 50m."
 _BATCHES = flags.DEFINE_list("batches", ["1", "8", "32"], "Batch sizes.")
 _PROMPTS = flags.DEFINE_list("prompts", ["64"], "Prompt lengths.")
 _NEW = flags.DEFINE_list("new", ["128"], "New tokens per row.")
-_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds per configuration.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed rounds per configuration.")
+_DISTURBED = flags.DEFINE_float(
+    "disturbed", 0.15, "Repeat a round when CPU steal or other processes' CPU during one of "
+    "its calls exceeds this fraction of the call's wall time x cores.")
+_RETRIES = flags.DEFINE_integer("retries", 3, "Repeats of a disturbed round at most.")
 _PEERS = flags.DEFINE_list("peers", ["transformers", "tunix"], "Peers to run.")
 _FULL = flags.DEFINE_bool("full", False, "Full grid: batch 1/8/32, prompt 64/512, new "
                           "128/512, both sizes (slow on CPU).")
@@ -80,7 +88,7 @@ class Ours:
   def run(self, prompts, new):
     from spade_jax.sampling import generate  # pylint: disable=g-import-not-at-top
     g = generate(self.params, self.cfg, prompts, self.rule, self.jax.random.key(0), new)
-    return sum(len(t) for t in g.tokens)
+    return [list(t) for t in g.tokens]
 
 
 class Transformers:
@@ -106,7 +114,7 @@ class Transformers:
       out = self.model.generate(ids, attention_mask=mask, max_new_tokens=new,
                                 min_new_tokens=new, do_sample=False, eos_token_id=None,
                                 pad_token_id=self.pad)
-    return int((out.shape[1] - P) * len(prompts))
+    return out[:, P:].tolist()
 
 
 class _IdsTokenizer:
@@ -168,7 +176,38 @@ class Tunix:
               head_dim=cfg.head_dim))
     out = self.samplers[size]([self.tok.decode(p) for p in prompts], max_generation_steps=new,
                               max_prompt_length=P, temperature=0.0, echo=False)
-    return sum(len(t) for t in out.tokens)
+    return [[int(x) for x in t] for t in out.tokens]
+
+
+class _Load:
+  """CPU steal and other processes' CPU while a call runs (Linux /proc; zeros elsewhere)."""
+
+  def __init__(self):
+    self.cores = os.cpu_count() or 1
+
+  @staticmethod
+  def _stat():
+    try:
+      with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+      return 0.0, 0.0
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = sum(v[:3]) + sum(v[5:8])  # user nice system irq softirq steal
+    return busy / hz, (v[7] if len(v) > 7 else 0) / hz
+
+  def __enter__(self):
+    self.t0, self.own0 = time.perf_counter(), time.process_time()
+    self.busy0, self.steal0 = self._stat()
+    return self
+
+  def __exit__(self, *exc):
+    busy, steal = self._stat()
+    self.wall = time.perf_counter() - self.t0
+    own = time.process_time() - self.own0
+    capacity = max(self.wall * self.cores, 1e-9)
+    self.steal = (steal - self.steal0) / capacity
+    self.others = max(0.0, (busy - self.busy0) - (steal - self.steal0) - own) / capacity
 
 
 def _configs():
@@ -200,23 +239,37 @@ def main(argv):
       for batch, plen, new in runs:
         prompts = uneven_prompts(batch, plen, hf_fields(size)["vocab_size"],
                                  seed=batch * 7919 + plen)
-        for e in engines:  # warm-up: compile
-          e.run(prompts, new)
+        outs = {e.name: e.run(prompts, new) for e in engines}  # warm-up: compile
+        same = {k: v == outs["ours"] for k, v in outs.items() if k != "ours"}
         rates = {e.name: [] for e in engines}
+        disturbed = 0
         for _ in range(_REPEATS.value):
-          for e in engines:
-            t0 = time.perf_counter()
-            n = e.run(prompts, new)
-            rates[e.name].append(n / (time.perf_counter() - t0))
+          for attempt in range(_RETRIES.value + 1):
+            round_rates, worst = {}, 0.0
+            for e in engines:
+              with _Load() as load:
+                n = sum(len(t) for t in e.run(prompts, new))
+              round_rates[e.name] = n / load.wall
+              worst = max(worst, load.steal, load.others)
+            if worst <= _DISTURBED.value or attempt == _RETRIES.value:
+              break
+            disturbed += 1
+          for k, v in round_rates.items():
+            rates[k].append(v)
         med = {k: statistics.median(v) for k, v in rates.items()}
-        row = dict(model=size, batch=batch, prompt=plen, new=new,
-                   **{f"{k}_tok_s": round(v, 1) for k, v in med.items()})
+        row = dict(model=size, batch=batch, prompt=plen, new=new, rounds=_REPEATS.value,
+                   disturbed_rounds_repeated=disturbed,
+                   **{f"{k}_tok_s": [round(min(v), 1), round(med[k], 1), round(max(v), 1)]
+                      for k, v in rates.items()},
+                   **{f"same_tokens_as_{k}": v for k, v in same.items()})
         line = (f"{size:5s} batch {batch:3d} prompt {plen:4d} new {new:4d}: " +
-                "  ".join(f"{k} {v:9.1f} tok/s" for k, v in med.items()))
+                "  ".join(f"{k} {min(v):8.1f}/{med[k]:8.1f}/{max(v):8.1f}"
+                          for k, v in rates.items()))
         for k, v in med.items():
           if k != "ours":
             row[f"ours_over_{k}"] = round(med["ours"] / v, 2)
-            line += f"  ours/{k} {med['ours'] / v:5.2f}x"
+            line += f"  ours/{k} {med['ours'] / v:5.2f}x" + ("" if same[k] else " (TOKENS DIFFER)")
+        line += f"  [{disturbed} disturbed round(s) repeated]"
         print(line, flush=True)
         results.append(row)
   if _JSON.value:

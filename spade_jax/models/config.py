@@ -48,6 +48,11 @@ class ModelConfig:
     moe_impl: expert compute: "ragged" (`lax.ragged_dot`, native on TPU/GPU),
       "blocked" (sorted dispatch into fixed-size row blocks, one expert per
       block; exact and fast on CPU) or "auto" (blocked on CPU, else ragged).
+    moe_capacity_factor: only for the expert-parallel dispatch (`moe.py`, a
+      sharded batch under `parallel.activation_sharding`): 0 (default) never
+      drops a token; c > 0 lets each device send at most ceil(c * N * k / E)
+      of its N tokens to each of the E expert shards and drops the copies
+      past that (`moe_mlp(..., return_dropped=True)` counts them).
     param_dtype: storage dtype of parameters.
     compute_dtype: dtype of activations and matmuls.
     remat: rematerialisation of each layer in the backward pass: "none",
@@ -82,6 +87,7 @@ class ModelConfig:
   decoder_sparse_step: int = 1
   mlp_only_layers: tuple[int, ...] = ()
   moe_impl: str = "auto"
+  moe_capacity_factor: float = 0.0
   param_dtype: str = "float32"
   compute_dtype: str = "float32"
   remat: str = "none"
@@ -103,6 +109,9 @@ class ModelConfig:
     MOE_IMPLS.check(self.moe_impl)
     ATTENTION.check(self.attention)
     DECODE_ATTENTION.check(self.decode_attention)
+    if not self.moe_capacity_factor >= 0:
+      raise ValueError(f"moe_capacity_factor={self.moe_capacity_factor} must be >= 0 "
+                       "(0 never drops tokens).")
     if self.num_experts < 0 or self.decoder_sparse_step < 1:
       raise ValueError(f"num_experts={self.num_experts} must be >= 0 and "
                        f"decoder_sparse_step={self.decoder_sparse_step} >= 1.")

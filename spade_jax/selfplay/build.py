@@ -72,7 +72,8 @@ SECTIONS = {
 }
 # Model fields that say how to run a checkpoint rather than what it is.
 RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "moe_impl",
-                  "attention", "decode_attention", "max_position_embeddings")
+                  "moe_capacity_factor", "attention", "decode_attention",
+                  "max_position_embeddings")
 INIT_KINDS = ("hf", "orbax")
 
 # The reference's sampling per role (REFERENCE §1): T 0.6 / top-p 0.95 / top-k 20 for the

@@ -229,3 +229,28 @@ def test_crashed_program_is_penalised_then_blacklisted(tmp_path, scripted, pool,
   crashed = [r for r in sp.sample_records if r["verdict"] == "failed"]
   assert len(crashed) == 1 and crashed[0]["trained"]
   assert sp.slots[0].origin == "pool" and sp.fresh[0]
+
+
+def test_eval_runs_every_n_iterations_and_after_the_last():
+  from spade_jax.eval import EvalConfig  # pylint: disable=g-import-not-at-top
+  due = lambda cfg: [selfplay.eval_due(cfg, it, 5) for it in range(5)]  # noqa: E731
+  assert due(EvalConfig(suites=("reasoning_gym",), every=2)) == [False, True, False, True, True]
+  assert due(EvalConfig(suites=("reasoning_gym",))) == [False] * 4 + [True]
+  assert not any(due(EvalConfig(every=1)))  # no suites: off
+
+
+def test_smoke_run_logs_eval_metrics_each_iteration(tmp_path):
+  workdir = str(tmp_path / "run")
+  config = tiny.get_config("smoke")
+  # One logic task, one sample of 8 tokens: the suite adds seconds, not minutes.
+  config.eval = dict(suites=("reasoning_gym",), every=1, limit=1, samples=1,
+                     max_new_tokens=8, batch_size=1,
+                     overrides={"reasoning_gym": {"groups": ("logic",)}})
+  last = selfplay.train(config, workdir)
+  rows = read_metrics(workdir)
+  assert [r["step"] for r in rows] == [1, 2]
+  for r in rows:  # in the iteration's own row, so a resumed run rewrites it exactly
+    assert 0.0 <= r["eval/reasoning_gym/win_rate"] <= 1.0
+    assert "eval/reasoning_gym/logic" in r and "eval/reasoning_gym/logic/score" in r
+    assert r["time/eval"] > 0 and "train/loss" in r
+  assert "eval/reasoning_gym/win_rate" in last

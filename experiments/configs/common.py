@@ -38,13 +38,33 @@ OPTIMIZER = dict(name="adamw", learning_rate=1e-6, schedule="constant", weight_d
 LOSS = dict(eps_low=0.2, eps_high=0.28, kl_estimator="k3", entropy_coef=0.0, tis_cap=2.0,
             aggregation="token_mean")
 
+# REFERENCE §6-§7: the baselines train the agent only, with no hinted plays, a new draw
+# of programs every iteration and no designer credit (so a one-iteration window).
+BASELINES = {
+    "rlve": dict(num_envs=16, plays=16, kl=0.0),
+    # KL None: the model's own (games.MODELS: 0, Qwen3-8B 0.005).
+    "static_pool": dict(num_envs=24, plays=8, kl=None),
+}
+
+
+def baseline(kind: str) -> dict:
+  """The config changes that turn a games recipe into baseline `kind`'s data path."""
+  return {"selfplay.env_source": kind, "selfplay.hinted_plays": 0,
+          "selfplay.regen_every": 1, "rewards.credit_window": 1}
+
+
+# The `eval` section with every knob present, so `--config.eval.suites=a,b` works under
+# lock_config; no suites: held-out evaluation is off.
+EVAL = dict(suites="", every=0, limit=0, samples=0, max_new_tokens=0, batch_size=0,
+            data_dir="", seed=0)
+
 # REFERENCE §9: each ablation as the config change that makes it.
 ABLATIONS = {
     "": {},
     "no_corpus": {"selfplay.no_corpus": True},
     "no_memory": {"memory.no_memory": True},
     "no_designer_training": {"selfplay.train_designer": False},
-    "static_pool": {"selfplay.fixed_pool": True},
+    "static_pool": baseline("static_pool"),
     "two_skills": {"selfplay.skills": ("mathematical reasoning", "pattern recognition"),
                    "selfplay.skills_per_regen": 2},
     "learning_potential": {"rewards.variant": "learning_potential"},
@@ -161,5 +181,5 @@ def smoke(c: ml_collections.ConfigDict, moe: bool = False) -> None:
   c.validation = dict(random_episodes=2, random_steps=3)
 
 
-__all__ = ["ABLATIONS", "apply", "choose", "mesh_preset", "parse_arg", "smoke",
-           "tiny_hf_checkpoint"]
+__all__ = ["ABLATIONS", "BASELINES", "EVAL", "apply", "baseline", "choose", "mesh_preset",
+           "parse_arg", "smoke", "tiny_hf_checkpoint"]

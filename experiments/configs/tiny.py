@@ -53,6 +53,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.memory = dict(capacity=200)
   c.sandbox = dict(num_workers=2)
   c.validation = dict(random_episodes=2, random_steps=3)
+  # Held-out evaluation, off: e.g. --config.eval.suites=reasoning_gym --config.eval.every=1
+  # --config.eval.limit=2.
+  c.eval = dict(suites="", every=0, limit=0, samples=0, max_new_tokens=0, batch_size=0,
+                data_dir="", seed=0)
 
   if arg == "smoke":
     c.iterations = 2

@@ -68,6 +68,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.memory = dict(capacity=200)
   c.sandbox = dict(num_workers=16)
   c.validation = dict()
+  # Held-out evaluation, off by default: e.g. --config.eval.suites=reasoning_gym,bfcl
+  # --config.eval.every=50 logs eval/<suite>/<metric> during training.
+  c.eval = dict(common.EVAL)
   common.apply(c, common.ABLATIONS[a.ablation])
   if a.smoke:
     common.smoke(c, moe)

@@ -3,15 +3,20 @@
 Data path of one iteration (``SelfPlay.iteration``): designer prompts -> sampler ->
 validation in the sandbox -> agent episodes (``episodes``) -> :class:`RegretBuffer`
 (``buffer``) -> designer rewards and agent advantages (``rewards``) -> packed GRPO
-batch (``batch``) -> train step. ``build`` turns a config into the parts; ``loop``
-drives iterations, checkpoints and metrics.
+batch (``batch``) -> train step. The baselines (``baselines``: a static pool; ``rlve``:
+reasoning-gym tasks under a difficulty controller) replace the first two stages with a
+draw from an env source. ``build`` turns a config into the parts; ``loop`` drives
+iterations, held-out evaluation, checkpoints and metrics.
 """
 
+from spade_jax.selfplay.baselines import (ENV_SOURCES, EnvSource, RLVESource, StaticPool,
+                                          StaticPoolConfig, make_env_source)
 from spade_jax.selfplay.batch import Row, build_batches
 from spade_jax.selfplay.buffer import RegretBuffer
 from spade_jax.selfplay.build import Run, RunConfig, build_run, load_vocab, make, resolve, summary
 from spade_jax.selfplay.episodes import Episode, EpisodeSpec, run_episodes
 from spade_jax.selfplay.iteration import RoleSampling, SelfPlay, SelfPlayConfig, Slot
-from spade_jax.selfplay.loop import progress_line, train
+from spade_jax.selfplay.loop import eval_due, evaluate_policy, progress_line, train
 from spade_jax.selfplay.rewards import (VARIANTS, EnvStats, RewardConfig, RewardOutput,
                                         compute_rewards, credit, plateau, reference_scale)
+from spade_jax.selfplay.rlve import DifficultyController, RLVEConfig

@@ -21,6 +21,12 @@ sandbox           ``spade_jax.sandbox.SandboxConfig``
 validation        ``spade_jax.envs.ValidationConfig`` (max_turns, setting from selfplay)
 corpus            ``spade_jax.designer.CorpusConfig``
 memory            ``spade_jax.designer.MemoryConfig``
+static_pool       :class:`spade_jax.selfplay.baselines.StaticPoolConfig` (the static-pool
+                  baseline, ``selfplay.env_source="static_pool"``)
+rlve              :class:`spade_jax.selfplay.rlve.RLVEConfig` (the RLVE baseline,
+                  ``selfplay.env_source="rlve"``)
+eval              ``spade_jax.eval.EvalConfig`` (held-out suites during training; default
+                  none)
 ================= ==================================================
 
 Sampling sections get their EOS and padding ids from the tokenizer; unset fields take the
@@ -51,11 +57,14 @@ import jax
 
 from spade_jax import envs, parallel, rl, sandbox
 from spade_jax.designer import Corpus, CorpusConfig, EnvMemory, MemoryConfig
+from spade_jax.eval import EvalConfig
 from spade_jax.models import (ByteVocab, HFTokenizer, ModelConfig, config_from_hf, load_hf,
                               load_model, load_model_config, num_params, read_hf_config)
 from spade_jax.sampling import SamplingConfig
+from spade_jax.selfplay.baselines import StaticPoolConfig, make_env_source
 from spade_jax.selfplay.iteration import RoleSampling, SelfPlay, SelfPlayConfig
 from spade_jax.selfplay.rewards import RewardConfig
+from spade_jax.selfplay.rlve import RLVEConfig
 
 # Top-level scalars and their defaults. `tokenizer`: "byte" (seqio bytes), a directory or
 # file holding a Hugging Face tokenizer.json, or "" (the checkpoint's, else "byte").
@@ -69,6 +78,7 @@ SECTIONS = {
     "designer_sampling": SamplingConfig, "hint_sampling": SamplingConfig,
     "selfplay": SelfPlayConfig, "rewards": RewardConfig, "sandbox": sandbox.SandboxConfig,
     "validation": envs.ValidationConfig, "corpus": CorpusConfig, "memory": MemoryConfig,
+    "static_pool": StaticPoolConfig, "rlve": RLVEConfig, "eval": EvalConfig,
 }
 # Model fields that say how to run a checkpoint rather than what it is.
 RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "moe_impl",
@@ -198,6 +208,9 @@ class RunConfig:
   validation: envs.ValidationConfig
   corpus: CorpusConfig
   memory: MemoryConfig
+  static_pool: StaticPoolConfig
+  rlve: RLVEConfig
+  eval: EvalConfig
 
 
 def resolve(config, vocab=None, *, dry_run: bool = False) -> RunConfig:
@@ -273,15 +286,24 @@ class Run:
                  time.perf_counter() - t0)
     return state
 
-  def selfplay(self, pool: sandbox.EnvPool, workdir: str) -> SelfPlay:
-    """The iteration driver over ``pool``, with the initial train state."""
+  def env_source(self):
+    """The baseline env source of ``selfplay.env_source`` (None for the designer)."""
     c = self.config
+    return make_env_source(c.selfplay.env_source, static_pool=c.static_pool, rlve=c.rlve,
+                           setting=c.selfplay.setting, validation=c.validation, seed=c.seed)
+
+  def selfplay(self, pool: sandbox.EnvPool, workdir: str) -> SelfPlay:
+    """The iteration driver over ``pool``, with the initial train state. A baseline env
+    source gets no corpus (only the designer reads documents)."""
+    c = self.config
+    source = self.env_source()
+    corpus = Corpus(c.corpus, workdir=workdir, seed=c.seed) if source is None else None
     return SelfPlay(c.selfplay, trainer=self.trainer, state=self.initial_state(),
                     vocab=self.vocab,
                     sampling=RoleSampling(c.designer_sampling, c.hint_sampling, c.sampling),
-                    pool=pool, corpus=Corpus(c.corpus, workdir=workdir, seed=c.seed),
-                    memory=EnvMemory(c.memory), reward_cfg=c.rewards,
-                    validation=c.validation, seed=c.seed)
+                    pool=pool, corpus=corpus, memory=EnvMemory(c.memory),
+                    reward_cfg=c.rewards, validation=c.validation, seed=c.seed,
+                    env_source=source)
 
 
 def build_run(config) -> Run:
@@ -302,11 +324,15 @@ def summary(run: Run) -> str:
   kinds = {d.platform for d in run.mesh.devices.flat}
   mesh = " ".join(f"{k}={v}" for k, v in run.mesh.shape.items() if v > 1) or "1 device"
   s = c.selfplay
+  source = "" if s.env_source == "designer" else f" {s.env_source} baseline"
+  evals = (f" | eval {','.join(c.eval.suites)} every {c.eval.every or '-'} and at the end"
+           if c.eval.suites else "")
   return (f"run: {num_params(m) / 1e6:,.1f}M params ({m.num_layers} layers, d {m.d_model}"
           f"{moe}, vocab {m.vocab_size}) from {c.init_from or 'random init'} | tokenizer "
           f"{c.tokenizer} | mesh {mesh} ({c.mesh.rules}) on {devices} {'/'.join(kinds)} "
-          f"device(s) | {s.setting}: {s.num_envs} envs x {s.plays}+{s.hinted_plays} plays, "
-          f"regen {s.regen_every}, {c.rewards.variant} reward | {c.iterations} iterations")
+          f"device(s) | {s.setting}{source}: {s.num_envs} envs x {s.plays}+{s.hinted_plays} "
+          f"plays, regen {s.regen_every}, {c.rewards.variant} reward | {c.iterations} "
+          f"iterations{evals}")
 
 
 __all__ = ["Run", "RunConfig", "build_run", "load_vocab", "make", "model_config",

@@ -12,6 +12,10 @@ fails validation is resampled up to `designer_resamples` times; the policy reads
 program and writes a hint (its own sampling); hinted plays happen at the regeneration step
 only, on the unhinted plays' seeds. A designer sample is credited `credit_window`
 iterations after it was written, together with its cohort.
+
+With a baseline env source (`selfplay.env_source`, `baselines.ENV_SOURCES`: a static pool
+or RLVE tasks) the design stage is replaced by a draw from the source and the source hears
+each slot's unhinted rewards after the plays; everything after the plays is unchanged.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from spade_jax.rl import Trainer, TrainState
 from spade_jax.sampling import Sampler, SamplingConfig, num_compiled_programs
 from spade_jax.sandbox import FAILURES
 from spade_jax.selfplay import rewards as rw
+from spade_jax.selfplay.baselines import ENV_SOURCES, EnvSource
 from spade_jax.selfplay.batch import Row, build_batches
 from spade_jax.selfplay.buffer import RegretBuffer
 from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes
@@ -51,10 +56,16 @@ class SelfPlayConfig:
 
   Attributes:
     setting: a name in `envs.SETTINGS` ("games" or "tool_use").
+    env_source: where the slots' programs come from, a name in
+      `selfplay.baselines.ENV_SOURCES`: "designer" (SPADE: the policy writes them),
+      "static_pool" (the `static_pool` section; the built-in programs by default) or
+      "rlve" (the `rlve` section: reasoning-gym tasks under a difficulty controller).
+      The baselines train the agent only.
     skills: skills to design for (empty: every skill of the setting).
     num_envs: env slots E (one designer sample per slot per regeneration).
     plays: unhinted plays N per env and iteration.
-    hinted_plays: hinted plays M per env at its regeneration step, on the unhinted seeds.
+    hinted_plays: hinted plays M per env at its regeneration step, on the unhinted seeds
+      (0: none, as the baselines; the designer needs >= 1 for its regret).
     max_turns: agent turns per episode.
     agent_turn_tokens: new tokens per agent turn.
     designer_new_tokens: new tokens per designer program.
@@ -74,7 +85,6 @@ class SelfPlayConfig:
       see the same instances; False draws their own seeds (the reference).
     fill_from_pool: slots without a valid designer program play a built-in program
       instead (never credited to the designer).
-    fixed_pool: never call the designer; play built-in programs only (baseline).
     train_designer: put credited designer samples in the GRPO batch.
     no_corpus: ablation: designer prompts without a document.
     llm_validator: the policy judges each program that passed validation and rejects
@@ -86,6 +96,7 @@ class SelfPlayConfig:
   """
 
   setting: str = "games"
+  env_source: str = "designer"
   skills: tuple[str, ...] = ()
   num_envs: int = 4
   plays: int = 2
@@ -102,7 +113,6 @@ class SelfPlayConfig:
   hint_leak_check: bool = True
   matched_hint_seeds: bool = True
   fill_from_pool: bool = True
-  fixed_pool: bool = False
   train_designer: bool = True
   no_corpus: bool = False
   llm_validator: bool = False
@@ -114,10 +124,16 @@ class SelfPlayConfig:
     object.__setattr__(self, "skills", tuple(self.skills))
     envs.SETTINGS.check(self.setting)
     dz.HINT_SOURCES.check(self.hint_source)
-    for name in ("num_envs", "plays", "hinted_plays", "max_turns", "regen_every"):
+    ENV_SOURCES.check(self.env_source)
+    for name in ("num_envs", "plays", "max_turns", "regen_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"selfplay.{name} must be >= 1; got {getattr(self, name)}.")
-    for name in ("skills_per_regen", "designer_resamples", "designer_prompt_tokens"):
+    if self.env_source == "designer" and self.hinted_plays < 1:
+      raise ValueError(f"selfplay.hinted_plays={self.hinted_plays}: the designer's regret "
+                       "needs hinted plays; set it >= 1 (only the baselines, "
+                       "selfplay.env_source='static_pool' or 'rlve', may use 0).")
+    for name in ("hinted_plays", "skills_per_regen", "designer_resamples",
+                 "designer_prompt_tokens"):
       if getattr(self, name) < 0:
         raise ValueError(f"selfplay.{name} must be >= 0; got {getattr(self, name)}.")
 
@@ -140,7 +156,7 @@ class Slot:
   """An env slot: the program it plays and where that came from."""
 
   source: str | None = None
-  origin: str = "none"          # "designer" | "pool" | "none"
+  origin: str = "none"          # "designer" | "pool" | an env source's name | "none"
   skill: int = -1               # index into the setting's skills; -1 not credited
   doc_id: str = ""
   written: int = -1             # iteration its designer sample was written
@@ -182,14 +198,20 @@ class SelfPlay:
   """Runs self-play iterations over a trainer, a sandbox pool and designer parts."""
 
   def __init__(self, cfg: SelfPlayConfig, *, trainer: Trainer, state: TrainState,
-               vocab, sampling: SamplingConfig | RoleSampling, pool, corpus: dz.Corpus,
+               vocab, sampling: SamplingConfig | RoleSampling, pool, corpus: dz.Corpus | None,
                memory: dz.EnvMemory, reward_cfg: rw.RewardConfig,
-               validation: envs.ValidationConfig, seed: int = 0):
+               validation: envs.ValidationConfig, seed: int = 0,
+               env_source: EnvSource | None = None):
     self.setting = envs.SETTINGS[cfg.setting]
     self.skills = cfg.skills or envs.SKILLS[cfg.setting]
     for s in self.skills:
       envs.check_skill(cfg.setting, s)
-    if reward_cfg.credit_window > cfg.regen_every:
+    if (env_source is None) != (cfg.env_source == "designer"):
+      raise ValueError(f"selfplay.env_source={cfg.env_source!r} but SelfPlay got env_source="
+                       f"{type(env_source).__name__}; build it with "
+                       "baselines.make_env_source(cfg.env_source, ...).")
+    # The credit window bounds designer credit only; baselines have no designer samples.
+    if env_source is None and reward_cfg.credit_window > cfg.regen_every:
       raise ValueError(
           f"rewards.credit_window={reward_cfg.credit_window} exceeds "
           f"selfplay.regen_every={cfg.regen_every}: a program would be replaced before "
@@ -204,6 +226,7 @@ class SelfPlay:
     self.sampling = RoleSampling.of(sampling)
     self.pool, self.corpus, self.memory = pool, corpus, memory
     self.reward_cfg, self.validation = reward_cfg, validation
+    self.env_source = env_source
     self.seed = seed
     self.base_key = jax.random.key(seed)
     self.pool_programs = list(envs.builtin_programs(cfg.setting).values())
@@ -212,7 +235,8 @@ class SelfPlay:
     self.pending: list[DesignSample] = []
     self.sample_records: list[dict[str, Any]] = []
     self.on_phase: Callable[[str], None] = lambda phase: None  # progress of long phases
-    self.buffer = RegretBuffer.create(cfg.num_envs, cfg.plays, cfg.hinted_plays,
+    # Without hinted plays the buffer keeps one hinted column, always masked out.
+    self.buffer = RegretBuffer.create(cfg.num_envs, cfg.plays, max(cfg.hinted_plays, 1),
                                       window=max(reward_cfg.credit_window, 1),
                                       num_skills=len(envs.SKILLS[cfg.setting]))
 
@@ -235,10 +259,6 @@ class SelfPlay:
     """Regenerates every slot, resampling invalid programs; samples join `pending`."""
     cfg, E = self.cfg, self.cfg.num_envs
     self.fresh[:] = True
-    if cfg.fixed_pool:
-      for e in range(E):
-        self._install_pool(e, it)
-      return
     t0 = time.perf_counter()
     skills = regen_skills(self.skills, cfg.skills_per_regen, it // cfg.regen_every, E)
     prompts, docs = [], []
@@ -313,6 +333,15 @@ class SelfPlay:
     metrics["sampling/designer/tokens"] = tokens
     metrics["sampling/designer/finished_rate"] = float(np.mean(finished)) if finished else 0.0
 
+  def _draw(self, it: int, times: dict) -> None:
+    """A baseline's design stage: every slot gets the env source's next program."""
+    t0 = time.perf_counter()
+    drawn = self.env_source.draw(it, self.cfg.num_envs, self.pool)
+    for e, d in enumerate(drawn):
+      self.slots[e] = Slot(d.source, d.origin, -1, d.doc_id, written=it)
+    self.fresh[:] = True
+    times["draw"] = time.perf_counter() - t0
+
   def _judge(self, it: int, attempt: int, verdicts: list, metrics: dict) -> list:
     """REFERENCE §5's LLM validator: the policy judges each valid program (hint sampling);
     a `\\boxed{no}` (or no verdict) rejects it with reason "judge"."""
@@ -382,6 +411,7 @@ class SelfPlay:
   # -- play ------------------------------------------------------------------
   def _play(self, it: int, metrics: dict, times: dict) -> dict[tuple[int, int], Any]:
     cfg, E, N, M = self.cfg, self.cfg.num_envs, self.cfg.plays, self.cfg.hinted_plays
+    MB = self.buffer.num_hinted  # >= M: the buffer's hinted columns
     t0 = time.perf_counter()
     specs, hinted = [], []
     for e, slot in enumerate(self.slots):
@@ -402,7 +432,7 @@ class SelfPlay:
     times["play"] = time.perf_counter() - t0
 
     r_n, m_n = np.zeros((E, N), np.float32), np.zeros((E, N), bool)
-    r_h, m_h = np.zeros((E, M), np.float32), np.zeros((E, M), bool)
+    r_h, m_h = np.zeros((E, MB), np.float32), np.zeros((E, MB), bool)
     failed, timed_out = np.zeros(E, bool), np.zeros(E, bool)
     outcomes = collections.Counter(), collections.Counter()
     index: collections.Counter = collections.Counter()
@@ -425,6 +455,8 @@ class SelfPlay:
     self.buffer = self.buffer.record(r_n, m_n, r_h, m_h, skill, valid, self.fresh, failed,
                                      timed_out, ema_fast=rc.ema_fast, ema_slow=rc.ema_slow)
     self.fresh[:] = False
+    if self.env_source is not None:
+      metrics.update(self.env_source.observe(it, r_n, m_n))
     for arm, name in ((0, "nohint"), (1, "hint")):
       n = max(1, sum(outcomes[arm].values()))
       for outcome in ("solved", "context", "max_turns") + FAILURES:
@@ -523,11 +555,15 @@ class SelfPlay:
     """Runs iteration `it` and returns its metrics (scalars)."""
     cfg = self.cfg
     metrics: dict[str, float] = {}
-    times = {"design": 0.0, "validate": 0.0}
+    times = {"design": 0.0, "validate": 0.0} if self.env_source is None else {"draw": 0.0}
     if it % cfg.regen_every == 0:
-      self.on_phase("design + validate")
-      self._design(it, metrics, times)
-      if cfg.hint_source == "policy":
+      if self.env_source is None:
+        self.on_phase("design + validate")
+        self._design(it, metrics, times)
+      else:
+        self.on_phase(f"draw ({cfg.env_source})")
+        self._draw(it, times)
+      if cfg.hint_source == "policy" and cfg.hinted_plays:
         self.on_phase("hints")
         t0 = time.perf_counter()
         self._policy_hints(it, metrics)
@@ -576,6 +612,7 @@ class SelfPlay:
         "pending": [dataclasses.asdict(p) for p in self.pending],
         "corpus": self.corpus.state() if self.corpus is not None else None,
         "memory": self.memory.to_json(),
+        "env_source": self.env_source.state() if self.env_source is not None else None,
     }
 
   def restore_host_state(self, host: dict[str, Any]) -> None:
@@ -585,3 +622,9 @@ class SelfPlay:
     if self.corpus is not None:
       self.corpus.restore(host["corpus"])
     self.memory = dz.EnvMemory.from_json(host["memory"], self.memory.config)
+    if self.env_source is not None:
+      if host.get("env_source") is None:
+        raise ValueError(f"The checkpoint holds no state of env source "
+                         f"{self.cfg.env_source!r}; it was written by a run with another "
+                         "selfplay.env_source. Resume with that config or use a new workdir.")
+      self.env_source.restore(host["env_source"])

@@ -1,4 +1,13 @@
-"""The training run: build the parts, resume, iterate, checkpoint, report."""
+"""The training run: build the parts, resume, iterate, evaluate, checkpoint, report.
+
+Held-out evaluation (the ``eval`` section, ``spade_jax.eval.EvalConfig``) runs inside the
+loop: after iteration ``it``'s train step, when ``eval.every`` divides ``it + 1`` and after
+the last iteration, the suites run with the current policy (the agent's weights and chat
+template, the run's sandbox pool) and their scores join that iteration's metrics row as
+``eval/<suite>/<metric>``. One row per step, so ``read_metrics`` rows carry eval keys only
+at the steps that evaluated, and a resumed run (which drops rows past its checkpoint and
+redoes those iterations, evaluation included) writes the same rows as an uninterrupted one.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +19,11 @@ from absl import logging
 from etils import epath
 import jax
 
+from spade_jax import eval as eval_lib
 from spade_jax import sandbox
 from spade_jax.checkpoint import Checkpointer
 from spade_jax.metrics import MetricsWriter
+from spade_jax.sampling import Sampler
 from spade_jax.selfplay.build import RESUMABLE_CHANGES, build_run, summary
 
 
@@ -20,9 +31,16 @@ def progress_line(it: int, total: int, m: Mapping[str, float]) -> str:
   """One human-readable line per iteration."""
   rejected = " ".join(f"{k.rsplit('/', 1)[1]}={int(v)}" for k, v in sorted(m.items())
                       if k.startswith("designer/rejected/") and v)
-  design = ("design valid -" if "designer/samples" not in m else
-            f"design valid {int(m['designer/valid'])}/{int(m['designer/samples'])}"
-            + (f" [{rejected}]" if rejected else ""))
+  if "rlve/level_mean" in m:
+    design = (f"rlve level {m['rlve/level_mean']:.2f} (top mean {m['rlve/high_mean']:.2f},"
+              f" raised {int(m['rlve/raised'])})")
+  elif "static_pool/epoch" in m:
+    design = (f"static pool {int(m['static_pool/programs'])} programs, epoch "
+              f"{int(m['static_pool/epoch'])}")
+  else:
+    design = ("design valid -" if "designer/samples" not in m else
+              f"design valid {int(m['designer/valid'])}/{int(m['designer/samples'])}"
+              + (f" [{rejected}]" if rejected else ""))
   if m.get("designer/resampled"):
     design += f" resampled {int(m['designer/resampled'])}"
   credit = ("" if not m.get("designer/credited") else
@@ -32,11 +50,14 @@ def progress_line(it: int, total: int, m: Mapping[str, float]) -> str:
          f" tis w {m['train/tis_weight_mean']:.3f} [{m['train/tis_weight_min']:.2f},"
          f" {m['train/tis_weight_max']:.2f}]")
   times = " ".join(f"{k[5:]} {v:.1f}s" for k, v in m.items() if k.startswith("time/"))
+  evals = " ".join(f"{k[5:]} {v:.3f}" for k, v in sorted(m.items()) if k.startswith("eval/")
+                   and k.count("/") == 2)
   return (f"iter {it + 1}/{total} | {design}{credit}"
           f" | regret {m.get('rewards/regret_mean', 0):+.3f}"
           f" | reward nohint {m.get('agent/reward_nohint', 0):.3f}"
           f" hint {m.get('agent/reward_hint', 0):.3f}"
-          f" | loss {m.get('train/loss', 0):+.4f}{tis} | {times}")
+          f" | loss {m.get('train/loss', 0):+.4f}{tis} | {times}"
+          + (f" | eval {evals}" if evals else ""))
 
 
 def sampling_line(sp) -> str:
@@ -46,6 +67,30 @@ def sampling_line(sp) -> str:
     r = getattr(sp.sampling, role)
     parts.append(f"{role} T {r.temperature:g} top-p {r.top_p:g} top-k {r.top_k}")
   return "sampling: " + " | ".join(parts)
+
+
+def eval_due(cfg: eval_lib.EvalConfig, it: int, iterations: int) -> bool:
+  """Whether the suites run after iteration ``it``: every ``cfg.every`` iterations and
+  after the last one (``every=0``: only after the last); never without suites."""
+  if not cfg.suites:
+    return False
+  return bool(cfg.every and (it + 1) % cfg.every == 0) or it + 1 == iterations
+
+
+def evaluate_policy(sp, cfg: eval_lib.EvalConfig, pool) -> dict[str, float]:
+  """Runs ``cfg``'s suites with ``sp``'s current policy.
+
+  The policy is a ``Sampler`` on the agent's current weights (each suite sets its own
+  sampling and seed), the chat template the agent's, code runs in ``pool``.
+
+  Returns:
+    ``{"eval/<suite>/<metric>": score}``.
+  """
+  policy = Sampler(sp.state.params, sp.trainer.model_cfg, sp.sampling.agent,
+                   jax.random.key(cfg.seed), mesh=sp.trainer.mesh, rules=sp.trainer.rules)
+  scores = eval_lib.run_suites(policy, sp.agent_chat, cfg.suites, cfg.suite_configs(),
+                               pool=pool)
+  return {f"eval/{k}": v for k, v in scores.items()}
 
 
 def _say(msg: str, *args) -> None:
@@ -101,6 +146,8 @@ def train(config, workdir: str) -> dict[str, float]:
   run = build_run(config)
   check_config(config, wd)
   c, trainer = run.config, run.trainer
+  if c.eval.suites:  # a missing package or data file fails before anything runs
+    eval_lib.check_suites(c.eval.suites, c.eval.suite_configs())
   _say("%s", summary(run))
   ckpt = Checkpointer(workdir, keep=c.keep_checkpoints)
   writer = None
@@ -134,6 +181,11 @@ def train(config, workdir: str) -> dict[str, float]:
       t0 = time.perf_counter()
       metrics = sp.iteration(it)
       metrics["time/iteration"] = time.perf_counter() - t0
+      if eval_due(c.eval, it, c.iterations):
+        sp.on_phase("eval " + ",".join(c.eval.suites))
+        t1 = time.perf_counter()
+        metrics.update(evaluate_policy(sp, c.eval, pool))
+        metrics["time/eval"] = time.perf_counter() - t1
       last = writer.write(it + 1, metrics)
       writer.write_records("designer_samples", it + 1, sp.sample_records)
       sp.sample_records = []

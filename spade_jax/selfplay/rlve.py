@@ -1,0 +1,287 @@
+r"""The RLVE-style baseline (REFERENCE §7): procedural tasks under a difficulty controller.
+
+Task families are reasoning-gym datasets with a curriculum (difficulty knobs). Per family
+the :class:`DifficultyController` keeps a window ``[l, h]`` of levels; a problem draws its
+level uniformly from the window; after ``attempts`` (128) plays at the top level ``h`` the
+accuracy is checked, and at ``>= accuracy`` (0.9) ``h`` rises by one and
+``l = max(l, h - (window - 1))`` (window 4: ``h - 3``); the counters restart after every
+check, as in RLVE's own manager. A play is one attempt, so a 16-play group at level ``h``
+counts 16. ``h`` stops at the family's hardest curriculum level.
+
+**How a task becomes an env program.** reasoning-gym is trusted library code, so the
+problem (question and answer) is generated on the host, and :func:`task_program` writes a
+small single-turn games program with both as string literals; the program runs in the
+sandbox like any other, so no model-written text is scored in the trainer process. Its
+parser mirrors :func:`spade_jax.eval.answers.final_answer` (text after the last
+``</think>``, the last balanced ``\boxed{}``, else ``<answer>...</answer>``, stripped);
+because it parses ``boxed`` itself the sandbox hands it the raw turn (action mode "auto"
+-> "raw"). Reward 1.0 exactly when that answer equals the oracle answer, else 0.0: the
+full-credit case of reasoning-gym's default ``score_answer`` (its partial credit for an
+answer that merely contains the oracle is dropped: rewards, accuracy and the held-out
+win rate all count exact answers only). Only families that keep the default scorer are
+accepted (:func:`check_family`), so the program reproduces the family's scoring exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from spade_jax.eval.rgym import PROMPT
+
+# 16 families, as the reference ships 16 (REFERENCE §7): reasoning-gym datasets with a
+# curriculum, the default exact-match scorer, an answer on one line without trailing
+# spaces or braces, and questions of at most a few thousand characters at every level.
+DEFAULT_FAMILIES = (
+    "basic_arithmetic", "gcd", "lcm", "count_bits", "leg_counting",   # arithmetic
+    "simple_equations", "simple_geometry",                            # algebra, geometry
+    "base_conversion", "count_primes", "letter_counting",             # algorithmic
+    "word_sequence_reversal", "binary_alternation", "string_splitting",
+    "number_sequence", "aiw", "maze",                                 # cognition, logic, games
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RLVEConfig:
+  """The ``rlve`` config section (used when ``selfplay.env_source="rlve"``).
+
+  Attributes:
+    families: reasoning-gym dataset names (see :func:`check_family`); each slot's problem
+      picks one uniformly.
+    attempts: plays at a family's top level ``h`` between accuracy checks (reference 128).
+    accuracy: accuracy at the check that raises ``h`` by one (reference 0.9).
+    window: levels in a family's window at most; ``l = max(l, h - (window - 1))``
+      (reference 4).
+    start_level: every family's initial ``l = h``.
+  """
+
+  families: tuple[str, ...] = DEFAULT_FAMILIES
+  attempts: int = 128
+  accuracy: float = 0.9
+  window: int = 4
+  start_level: int = 0
+
+  def __post_init__(self):
+    families = (tuple(f for f in self.families.split(",") if f)
+                if isinstance(self.families, str) else tuple(self.families))
+    object.__setattr__(self, "families", families)
+    if not families or len(set(families)) != len(families):
+      raise ValueError(f"rlve.families={families!r}; expected at least one family, each "
+                       "named once.")
+    if self.attempts < 1 or self.window < 1 or self.start_level < 0:
+      raise ValueError(f"rlve: attempts={self.attempts}, window={self.window}, "
+                       f"start_level={self.start_level}; expected attempts >= 1, window >= 1 "
+                       "and start_level >= 0.")
+    if not 0.0 < self.accuracy <= 1.0:
+      raise ValueError(f"rlve.accuracy={self.accuracy}; expected a value in (0, 1].")
+
+
+@dataclasses.dataclass
+class FamilyWindow:
+  """One family's window and the counters of the current check period.
+
+  Attributes:
+    low: ``l``, the easiest level drawn.
+    high: ``h``, the hardest level drawn.
+    max_level: the family's hardest level; ``h`` never passes it.
+    attempts: plays at level ``high`` since the last check.
+    correct: of those, the solved ones.
+  """
+
+  low: int
+  high: int
+  max_level: int
+  attempts: int = 0
+  correct: int = 0
+
+
+class DifficultyController:
+  """Per-family difficulty windows ``[l, h]`` moved by accuracy at ``h`` (REFERENCE §7).
+
+  Args:
+    max_levels: family -> its hardest level (``h`` stops there).
+    attempts: plays at ``h`` per accuracy check.
+    accuracy: accuracy that raises ``h`` at a check.
+    window: ``l = max(l, h - (window - 1))`` after a raise.
+    start_level: initial ``l = h`` (clipped to each family's hardest level).
+  """
+
+  def __init__(self, max_levels: Mapping[str, int], *, attempts: int = 128,
+               accuracy: float = 0.9, window: int = 4, start_level: int = 0):
+    self.attempts, self.accuracy, self.window = attempts, accuracy, window
+    self.families = {f: FamilyWindow(min(start_level, m), min(start_level, m), m)
+                     for f, m in max_levels.items()}
+
+  def bounds(self, family: str) -> tuple[int, int]:
+    """(l, h) of ``family``."""
+    w = self.families[family]
+    return w.low, w.high
+
+  def draw(self, family: str, rng: np.random.Generator) -> int:
+    """A level drawn uniformly from ``family``'s window ``[l, h]``."""
+    w = self.families[family]
+    return int(rng.integers(w.low, w.high + 1))
+
+  def record(self, family: str, level: int, solved: Sequence[bool]) -> None:
+    """Counts the plays of a problem at ``level``; only those at ``h`` are attempts."""
+    w = self.families[family]
+    if level == w.high:
+      w.attempts += len(solved)
+      w.correct += int(sum(bool(s) for s in solved))
+
+  def update(self) -> list[str]:
+    """Checks every family with ``attempts`` plays at ``h``: at ``accuracy`` or better
+    ``h`` rises by one (up to its hardest level) and ``l = max(l, h - (window - 1))``;
+    the counters restart either way.
+
+    Returns:
+      The families whose ``h`` rose.
+    """
+    raised = []
+    for family, w in self.families.items():
+      if w.attempts < self.attempts:
+        continue
+      if w.correct / w.attempts >= self.accuracy and w.high < w.max_level:
+        w.high += 1
+        w.low = max(w.low, w.high - (self.window - 1))
+        raised.append(family)
+      w.attempts = w.correct = 0
+    return raised
+
+  def state(self) -> dict[str, Any]:
+    return {f: dataclasses.asdict(w) for f, w in self.families.items()}
+
+  def restore(self, state: Mapping[str, Any]) -> None:
+    missing = sorted(set(self.families) - set(state))
+    if missing:
+      raise ValueError(f"The checkpoint's RLVE controller has no state for families "
+                       f"{missing}; rlve.families changed since it was written. Resume with "
+                       "the same families or start a new workdir.")
+    self.families = {f: FamilyWindow(**state[f]) for f in self.families}
+
+
+def _reasoning_gym():
+  try:
+    import reasoning_gym  # pylint: disable=g-import-not-at-top,unused-import
+    from reasoning_gym import factory  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ImportError(f"selfplay.env_source='rlve' needs the 'reasoning-gym' package ({e}); "
+                      "install the project's requirements.txt.") from e
+  return factory
+
+
+def check_family(name: str) -> str:
+  """Returns ``name`` if it can be an RLVE family; else raises saying why and what to do.
+
+  A family is a reasoning-gym dataset with a curriculum (its difficulty knobs) that keeps
+  the default exact-match ``score_answer``, which the env program reproduces.
+  """
+  from reasoning_gym.dataset import ProceduralDataset  # pylint: disable=g-import-not-at-top
+  factory = _reasoning_gym()
+  if name not in factory.DATASETS:
+    raise ValueError(f"rlve.families: {name!r} is not a reasoning-gym dataset; the defaults "
+                     f"are {list(DEFAULT_FAMILIES)}.")
+  if not factory.has_curriculum(name):
+    raise ValueError(f"rlve.families: reasoning-gym dataset {name!r} has no curriculum, so "
+                     "it has no difficulty levels; drop it from rlve.families.")
+  if factory.DATASETS[name][0].score_answer is not ProceduralDataset.score_answer:
+    raise ValueError(f"rlve.families: reasoning-gym dataset {name!r} scores answers with "
+                     "its own score_answer, which the single-turn env program does not "
+                     "reproduce (only exact match is); drop it from rlve.families.")
+  return name
+
+
+def max_level(family: str) -> int:
+  """The hardest level of ``family``: its curriculum's longest attribute, minus one."""
+  cur = _reasoning_gym().create_curriculum(family)
+  return max(len(a.levels) for a in cur.attributes.values()) - 1
+
+
+def generate(family: str, level: int, seed: int) -> dict[str, Any]:
+  """One problem of ``family`` at ``level`` (each knob at that level, or its hardest).
+
+  Returns:
+    {"family", "level", "seed", "question", "answer"}.
+  """
+  factory = _reasoning_gym()
+  from reasoning_gym.coaching.base_curriculum import (  # pylint: disable=g-import-not-at-top
+      DefaultCurriculumContext, RangeAttributeMode)
+  cur = factory.create_curriculum(family)
+  cur.set_global_level(level)
+  cfg = cur.generate_configuration(
+      {"seed": seed, "size": 1},
+      context=DefaultCurriculumContext(mode=RangeAttributeMode.UPPER_BOUND))
+  entry = factory.DATASETS[family][0](cfg)[0]
+  return {"family": family, "level": level, "seed": seed,
+          "question": str(entry["question"]), "answer": str(entry["answer"])}
+
+
+# The program's body: ANSWER and OBSERVATION are assigned above it as literals.
+# `_final_boxed_answer` mirrors spade_jax.eval.answers.final_answer (its name says "boxed",
+# so the sandbox passes the raw turn text).
+_BODY = r'''
+
+def _final_boxed_answer(text):
+  """The stripped last balanced boxed answer after the last </think>, else <answer>."""
+  if "</think>" in text:
+    text = text.rsplit("</think>", 1)[1]
+  elif "<think>" in text:
+    text = text.split("<think>", 1)[0]
+  start = text.rfind("\\boxed{")
+  if start >= 0:
+    i = j = start + len("\\boxed{")
+    depth = 1
+    while j < len(text):
+      if text[j] == "{":
+        depth += 1
+      elif text[j] == "}":
+        depth -= 1
+        if depth == 0:
+          return text[i:j].strip()
+      j += 1
+    return text[i:].strip()
+  end = text.rfind("</answer>")
+  if end >= 0:
+    begin = text.rfind("<answer>", 0, end)
+    if begin >= 0:
+      return text[begin + len("<answer>"):end].strip()
+  return None
+
+
+class TaskEnv:
+  """One question, one answer turn: reward 1.0 for the exact answer, else 0.0."""
+
+  def __init__(self, max_turns=1, **kwargs):
+    self.max_turns = max_turns
+    self.done = False
+
+  def reset(self, seed=None, options=None):
+    self.done = False
+    return OBSERVATION, {}
+
+  def step(self, action):
+    if self.done:
+      return "The task is over.", 0.0, True, False, {}
+    self.done = True
+    answer = _final_boxed_answer(action)
+    if answer == ANSWER:
+      return "Correct.", 1.0, True, False, {}
+    return "Incorrect.", 0.0, True, False, {}
+
+  def solution(self):
+    return ["\\boxed{" + ANSWER + "}"]
+'''
+
+
+def task_program(task: Mapping[str, Any]) -> str:
+  """The single-turn env program of a task from :func:`generate` (see the module doc)."""
+  return (f'"""RLVE task: reasoning-gym {task["family"]}, level {task["level"]}, '
+          f'seed {task["seed"]}."""\n\n'
+          f"ANSWER = {task['answer']!r}\n"
+          f"OBSERVATION = {PROMPT.format(question=task['question'])!r}\n" + _BODY)
+
+
+__all__ = ["DEFAULT_FAMILIES", "DifficultyController", "FamilyWindow", "RLVEConfig",
+           "check_family", "generate", "max_level", "task_program"]

@@ -1,6 +1,7 @@
 """Sandbox worker pool: API behaviour and hostile programs, each contained."""
 
 import dataclasses
+import json
 import os
 import pathlib
 import signal
@@ -16,10 +17,12 @@ from spade_jax.sandbox import DEFAULT_PREIMPORT, CallResult, EnvPool, SandboxCon
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "programs"
 SECRET = "spade-secret-" + uuid.uuid4().hex
-# SPADE_TEST_SANDBOX_NO_BWRAP=1 runs this module as on a host without bubblewrap.
+# SPADE_TEST_SANDBOX_NO_BWRAP=1 runs this module as on a host without bubblewrap;
+# SPADE_TEST_SANDBOX_NO_FORK_SERVER=1 starts every worker by itself (no fork server).
 TEST_CFG = SandboxConfig(num_workers=2, call_timeout_s=1.0, load_timeout_s=5.0,
                          memory_mb=512, cpu_seconds=30,
-                         use_bwrap=os.environ.get("SPADE_TEST_SANDBOX_NO_BWRAP") != "1")
+                         use_bwrap=os.environ.get("SPADE_TEST_SANDBOX_NO_BWRAP") != "1",
+                         fork_server=os.environ.get("SPADE_TEST_SANDBOX_NO_FORK_SERVER") != "1")
 
 
 def fixture(name: str) -> str:
@@ -513,5 +516,279 @@ def test_broken_launcher_falls_back(monkeypatch, caplog):
       pytest.skip("bubblewrap not in use here")
     assert p.plan.launcher != "bwrap" and "falling back" in caplog.text
     h = p.start([builtin_program("guess_number")])[0]
+    assert p.reset_many([h], seeds=[0])[0].ok
+    p.release([h])
+
+
+# ---- fork server -------------------------------------------------------------------
+
+FORK_CFG = dataclasses.replace(TEST_CFG, fork_server=True, num_workers=1, self_test=False)
+
+# Reports what a forked worker sees of itself and of a sibling worker of the same pool.
+SIBLING = r'''
+import json, os, random, signal
+
+
+def _open(fd):
+  try:
+    os.fstat(fd)
+    return True
+  except OSError:
+    return False
+
+
+class SiblingEnv:
+  def __init__(self, max_turns=25, **kwargs):
+    pass
+
+  def reset(self, seed=None, options=None):
+    o = options or {}
+    out = {"uid": os.getuid(), "cwd": os.getcwd(), "home": os.environ.get("HOME"),
+           "random": random.random()}
+    with open("mine.txt", "w") as f:
+      f.write("mine")
+    def attempt(name, fn):
+      try:
+        fn()
+        out[name] = "ok"
+      except Exception as e:
+        out[name] = type(e).__name__
+    if o.get("other_scratch"):
+      attempt("list_other", lambda: os.listdir(o["other_scratch"]))
+      attempt("read_other", lambda: open(os.path.join(o["other_scratch"], "mine.txt")).read())
+      attempt("write_other", lambda: open(os.path.join(o["other_scratch"], "evil"), "w").close())
+    if o.get("other_pid"):
+      attempt("kill_other", lambda: os.kill(o["other_pid"], signal.SIGKILL))
+    out["fds"] = [fd for fd in range(256) if _open(fd)]
+    return json.dumps(out), {}
+
+  def step(self, action):
+    return "", 0.0, True, False, {}
+'''
+
+
+@pytest.fixture(scope="module")
+def fork_pool():
+  with EnvPool(FORK_CFG) as p:
+    if p._server is None:  # pylint: disable=protected-access
+      pytest.skip(f"no fork server on this host: {p.fork_server_note}")
+    yield p
+
+
+def _forked(pool, handles):
+  from spade_jax.sandbox.process import ForkedWorker  # pylint: disable=import-outside-toplevel
+  return all(isinstance(h._worker, ForkedWorker) for h in handles)  # pylint: disable=protected-access
+
+
+def test_forked_workers_keep_uid_scratch_and_fds_apart(fork_pool):
+  a, b = fork_pool.start([SIBLING, SIBLING])
+  try:
+    assert a.alive and b.alive and _forked(fork_pool, [a, b]), (a.detail, b.detail)
+    ra = fork_pool.reset_many([a], seeds=[0])[0]
+    # Under bubblewrap a's files live in its own tmpfs, at /scratch in its own
+    # mount namespace; its host scratch path is not even mounted in b's.
+    rb = fork_pool.reset_many([b], seeds=[0], options={
+        "other_scratch": a._worker.scratch, "other_pid": a.pid})[0]  # pylint: disable=protected-access
+    assert ra.ok and rb.ok, (ra, rb)
+    fa, fb = json.loads(ra.value[0]), json.loads(rb.value[0])
+    if fork_pool.plan.drop_uid:
+      assert fa["uid"] == a.uid and fb["uid"] == b.uid and a.uid != b.uid and 0 not in (a.uid, b.uid)
+    inside = "/scratch" if fork_pool.plan.launcher == "bwrap" else None
+    for f, h in ((fa, a), (fb, b)):
+      assert f["cwd"] == f["home"] == (inside or h._worker.scratch), f  # pylint: disable=protected-access
+      # stdio (all /dev/null) and the protocol socket: nothing of the fork server's.
+      assert len(f["fds"]) == 5 and f["fds"][:3] == [0, 1, 2], f["fds"]
+    # Each worker draws its own random stream, not a copy of the fork server's.
+    assert fa["random"] != fb["random"]
+    for name in ("list_other", "read_other", "write_other", "kill_other"):
+      assert fb[name] != "ok", (name, fb)
+    assert fork_pool.step_many([a], ["1"])[0].ok  # The sibling survived.
+    assert not os.path.exists(os.path.join(a._worker.scratch, "evil"))  # pylint: disable=protected-access
+  finally:
+    fork_pool.release([a, b])
+
+
+def test_forked_workers_see_only_scratch_under_private_tmp():
+  # Landlock and seccomp off: only the private /tmp of the unshare launcher (as
+  # root) stands between a worker and the rest of the pool's base dir.
+  cfg = dataclasses.replace(FORK_CFG, use_bwrap=False, landlock=False, seccomp=False,
+                            num_workers=0)
+  with EnvPool(cfg) as p:
+    base = p._base  # pylint: disable=protected-access
+    if p.plan.launcher != "unshare" or os.geteuid() != 0 or not base.startswith("/tmp/"):
+      pytest.skip("needs unshare as root and the pool's base dir under /tmp")
+    if p._server is None:  # pylint: disable=protected-access
+      pytest.skip(f"no fork server on this host: {p.fork_server_note}")
+    planted = os.path.join(base, "planted")
+    os.mkdir(planted)
+    os.chmod(planted, 0o777)
+    _, r = run_one(p, "hostile_writes", options={"paths": [os.path.join(planted, "escape")]})
+    assert r.ok, r
+    assert not r.value[0].splitlines()[0].endswith(":written"), r.value[0]
+    assert r.value[0].endswith("home_marker:written"), r.value[0]
+    assert os.listdir(planted) == []
+
+
+def test_forked_worker_deadline_kill(fork_pool):
+  for name in ("hostile_infinite_loop", "hostile_ignore_sigterm"):
+    h = fork_pool.start([fixture(name)])[0]
+    assert _forked(fork_pool, [h])
+    pid = h.pid
+    assert fork_pool.reset_many([h])[0].ok
+    t = time.monotonic()
+    r = fork_pool.step_many([h], ["x"])[0]
+    assert r.reason == "timeout" and time.monotonic() - t < TEST_CFG.call_timeout_s + 1.0, r
+    fork_pool.release([h])
+    assert not wait_gone([pid])
+  _, r = run_one(fork_pool, "hostile_sleep")
+  assert r.reason == "timeout"
+  h = fork_pool.start([builtin_program("guess_number")])[0]  # The pool still serves.
+  assert fork_pool.reset_many([h], seeds=[0])[0].ok
+  fork_pool.release([h])
+
+
+def test_forked_worker_network_and_parent(fork_pool):
+  listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+  listener.bind(("0.0.0.0", 0))
+  listener.listen(4)
+  listener.settimeout(0.3)
+  try:
+    _, r = run_one(fork_pool, "hostile_network", preimport=needs(fork_pool, "socket"),
+                   options={"port": listener.getsockname()[1], "host_ip": None})
+    assert r.ok and "connected" not in r.value[0], r
+    with pytest.raises(socket.timeout):
+      listener.accept()
+  finally:
+    listener.close()
+  _, r = run_one(fork_pool, "hostile_kill_parent", options={"trainer_pid": os.getpid()})
+  assert r.ok and f"{os.getpid()}:killed" not in r.value[0], r
+  assert fork_pool._server.alive  # pylint: disable=protected-access
+
+
+def test_forked_worker_memory_limit():
+  cfg = dataclasses.replace(FORK_CFG, memory_mb=160, call_timeout_s=10.0, num_workers=0)
+  with EnvPool(cfg) as p:
+    if p._server is None:  # pylint: disable=protected-access
+      pytest.skip(f"no fork server on this host: {p.fork_server_note}")
+    _, r = run_one(p, "hostile_memory_bomb")
+    assert not r.ok and r.reason == "memory", r
+
+
+def test_forked_worker_process_tree_dies_with_it(fork_pool):
+  if fork_pool.plan.launcher == "none" and not fork_pool.plan.drop_uid:
+    pytest.skip("without namespaces or the uid drop a detached grandchild is not found")
+  h = fork_pool.start([fixture("hostile_lingering")],
+                      preimport=needs(fork_pool, "threading"))[0]
+  assert _forked(fork_pool, [h])
+  assert fork_pool.reset_many([h])[0].ok
+  spawned = sandbox_pids(fork_pool, h.uid) if fork_pool.plan.drop_uid else []
+  assert not fork_pool.plan.drop_uid or len(spawned) >= 3, spawned
+  pid = h.pid
+  fork_pool.release([h])
+  assert not wait_gone(spawned + [pid])
+  if fork_pool.plan.drop_uid:
+    h = fork_pool.start([fixture("hostile_fork_bomb")])[0]
+    uid = h.uid
+    r = fork_pool.reset_many([h])[0]
+    assert not r.ok and r.reason in ("timeout", "crash")
+    assert len(sandbox_pids(fork_pool, uid)) <= TEST_CFG.max_processes
+    fork_pool.release([h])
+    assert not wait_gone(sandbox_pids(fork_pool, uid))
+
+
+CAPS = r'''
+import ctypes, json, os
+
+
+class CapsEnv:
+  def __init__(self, max_turns=25, **kwargs):
+    pass
+
+  def reset(self, seed=None, options=None):
+    libc = ctypes.CDLL(None, use_errno=True)
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)
+    data = (ctypes.c_uint32 * 6)()
+    rc = libc.capget(header, data)
+    return json.dumps({"rc": rc, "caps": list(data), "no_new_privs": libc.prctl(39, 0, 0, 0, 0)}), {}
+
+  def step(self, action):
+    return "", 0.0, True, False, {}
+'''
+
+
+@pytest.mark.parametrize("drop_uid", [True, False])
+def test_forked_workers_hold_no_capabilities(drop_uid):
+  # Under bubblewrap the fork server keeps CAP_SYS_ADMIN to build each worker's
+  # namespaces; none of it may reach program code.
+  with EnvPool(dataclasses.replace(FORK_CFG, drop_uid=drop_uid, num_workers=0)) as p:
+    h = p.start([CAPS], preimport=needs(p, "ctypes"))[0]
+    r = p.reset_many([h])[0]
+    p.release([h])
+  assert r.ok, r
+  facts = json.loads(r.value[0])
+  assert facts == {"rc": 0, "caps": [0] * 6, "no_new_privs": 1}, facts
+
+
+def test_self_test_reports_the_same_layers_forked_and_spawned():
+  reports = {}
+  for fork in (True, False):
+    with EnvPool(dataclasses.replace(TEST_CFG, fork_server=fork, num_workers=0)) as p:
+      if fork and p._server is None:  # pylint: disable=protected-access
+        pytest.skip(f"no fork server on this host: {p.fork_server_note}")
+      assert ("forked" in p.fork_server_note) == fork, p.fork_server_note
+      reports[fork] = p.report
+  assert reports[True].layers == reports[False].layers, (reports[True].summary(),
+                                                          reports[False].summary())
+  assert reports[True].why == reports[False].why
+
+
+def _kill_server(pool):
+  server = pool._server  # pylint: disable=protected-access
+  os.killpg(server.proc.pid, signal.SIGKILL)
+  server.proc.wait(timeout=5)
+
+
+def test_fork_server_death_restarts_it(caplog):
+  with caplog.at_level("WARNING"), EnvPool(FORK_CFG) as p:
+    if p._server is None:  # pylint: disable=protected-access
+      pytest.skip(f"no fork server on this host: {p.fork_server_note}")
+    h = p.start([builtin_program("guess_number")])[0]
+    assert p.reset_many([h], seeds=[0])[0].ok
+    assert p.wait_ready()
+    _kill_server(p)
+    if p.plan.launcher != "none":  # Its workers die with it (it holds their namespaces).
+      assert not wait_gone([h.pid])
+      r = p.step_many([h], ["5"])[0]
+      assert not r.ok and r.reason == "crash", r
+    p.release([h])
+    # The next start skips a warm spare that died with the server, forks from a new one.
+    hs = p.start([builtin_program("guess_number")] * 2)
+    assert all(h.alive for h in hs) and _forked(p, hs), [h.detail for h in hs]
+    assert all(r.ok for r in p.reset_many(hs, seeds=[0, 1]))
+    p.release(hs)
+    assert "restarting it" in caplog.text
+
+
+def test_fork_server_that_keeps_dying_gives_way_to_spawning(monkeypatch, caplog):
+  from spade_jax.sandbox import pool as pool_module  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(pool_module, "_MAX_SERVER_RESTARTS", 0)
+  with caplog.at_level("WARNING"), EnvPool(dataclasses.replace(FORK_CFG, num_workers=0)) as p:
+    if p._server is None:  # pylint: disable=protected-access
+      pytest.skip(f"no fork server on this host: {p.fork_server_note}")
+    _kill_server(p)
+    h = p.start([builtin_program("guess_number")])[0]
+    assert h.alive and not _forked(p, [h]), h.detail
+    assert p.reset_many([h], seeds=[0])[0].ok
+    p.release([h])
+    assert "from now on" in caplog.text and "kept failing" in p.fork_server_note
+
+
+def test_no_fork_server_starts_workers_one_by_one(monkeypatch, caplog):
+  from spade_jax.sandbox import forkserver  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(forkserver, "supported", lambda: (False, "switched off for this test"))
+  with caplog.at_level("INFO"), EnvPool(dataclasses.replace(FORK_CFG, num_workers=0)) as p:
+    assert "switched off for this test" in p.fork_server_note
+    h = p.start([builtin_program("guess_number")])[0]
+    assert h.alive and not _forked(p, [h])
     assert p.reset_many([h], seeds=[0])[0].ok
     p.release([h])

@@ -7,6 +7,9 @@ unshare), so what they show holds by seccomp and landlock alone.
 import dataclasses
 import json
 import os
+import pathlib
+import shutil
+import subprocess
 import sys
 import tempfile
 import uuid
@@ -19,7 +22,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="seccomp and landlock are Linux kernel features")
 
 BARE_CFG = SandboxConfig(use_bwrap=False, use_unshare=False, num_workers=1, call_timeout_s=2.0,
-                         load_timeout_s=5.0, memory_mb=512, cpu_seconds=30, self_test=False)
+                         load_timeout_s=5.0, memory_mb=512, cpu_seconds=30, self_test=False,
+                         fork_server=os.environ.get("SPADE_TEST_SANDBOX_NO_FORK_SERVER") != "1")
 LANDLOCK_ABI, NO_LANDLOCK_WHY = _confine.landlock_abi()
 SECCOMP_ARCH = _confine.machine() in ("x86_64", "aarch64")
 BPF_NR = {"x86_64": 321, "aarch64": 280}.get(_confine.machine(), -1)
@@ -256,6 +260,58 @@ def test_self_test_lists_kernel_layers():
     summary = p.report.summary()
   assert not p.report.layers["seccomp"]
   assert "seccomp (disabled by SandboxConfig.seccomp=False)" in summary
+
+
+# ---- wherever the code lives -------------------------------------------------------------
+
+# Runs a pool from a copy of the package (argv[1]) and prints what it reports.
+POOL_FROM_COPY = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from spade_jax.sandbox import EnvPool, SandboxConfig, isolation
+cfg = SandboxConfig(use_bwrap=False, num_workers=0, fork_server=sys.argv[2] == "1")
+with EnvPool(cfg) as pool:
+  src = "class E" + "nv:\n  def reset(self, seed=None):\n    return 'o', {}\n" \
+        "  def step(self, a):\n    return 'o', 0.0, True, False, {}\n"
+  hs = pool.start([src, src])
+  print(json.dumps({"file": isolation.__file__, "launcher": pool.plan.launcher,
+                    "note": pool.fork_server_note, "layers": pool.report.layers,
+                    "why": pool.report.why, "handles": [h.layers for h in hs]}))
+'''
+
+
+@pytest.mark.skipif(not (LANDLOCK_ABI or SECCOMP_ARCH),
+                    reason=f"neither landlock ({NO_LANDLOCK_WHY}) nor a seccomp table for "
+                           f"{_confine.machine()}")
+@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+@pytest.mark.parametrize("where", ["/tmp", "~"])
+def test_confinement_holds_without_bwrap_wherever_the_code_lives(where, fork_server):
+  # Without bubblewrap, as root, workers mount a private tmpfs over /tmp: code
+  # that lives there (a checkout, or the pool's precompiled _confine) must
+  # already be loaded by then.
+  package = pathlib.Path(__file__).resolve().parents[1] / "spade_jax"
+  root = tempfile.mkdtemp(prefix="spade_copy_", dir=os.path.expanduser(where))
+  try:
+    dest = pathlib.Path(root) / "spade_jax"
+    dest.mkdir()
+    for name in ("__init__.py", "registry.py"):
+      shutil.copy(package / name, dest / name)
+    shutil.copytree(package / "sandbox", dest / "sandbox",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    proc = subprocess.run([sys.executable, "-c", POOL_FROM_COPY, root, str(int(fork_server))],
+                          capture_output=True, text=True, timeout=120, cwd="/",
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, check=False)
+  finally:
+    shutil.rmtree(root, ignore_errors=True)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert out["file"].startswith(root), out["file"]  # the copy ran, not the checkout
+  if not fork_server:
+    assert "one by one" in out["note"], out["note"]
+  for layer, expected in (("landlock", bool(LANDLOCK_ABI)), ("seccomp", SECCOMP_ARCH)):
+    assert out["layers"][layer] == expected, (layer, out)
+    for layers in out["handles"]:
+      assert layers[layer].startswith("active") == expected, (layer, layers)
 
 
 # ---- tool_call action mode -------------------------------------------------------------

@@ -119,8 +119,38 @@ class _SockFprog(ctypes.Structure):
 _L = ctypes.c_long
 
 
+# Filled by prepare() in a process that forks confined children (the fork
+# server), so each child only makes the syscalls.
+_PREPARED = {}
+
+
 def _libc():
-  return ctypes.CDLL(None, use_errno=True)
+  lib = _PREPARED.get("libc")
+  return lib if lib is not None else ctypes.CDLL(None, use_errno=True)
+
+
+def prepare():
+  """Does once, before forking, what every confined child would repeat.
+
+  Loads libc and resolves the functions used here, asks the kernel for its
+  landlock ABI and builds the seccomp filter; later calls in this process
+  and its forked children reuse them.
+  """
+  lib = ctypes.CDLL(None, use_errno=True)
+  for name in ("prctl", "syscall"):
+    getattr(lib, name)
+  _PREPARED["libc"] = lib
+  _PREPARED["landlock_abi"] = landlock_abi(lib)
+  try:
+    _PREPARED["seccomp"] = _seccomp_bytes(machine())
+  except ValueError:
+    pass
+  return lib
+
+
+def _seccomp_bytes(arch):
+  prog = seccomp_program(arch)
+  return len(prog), b"".join(struct.pack("=HBBI", *ins) for ins in prog)
 
 
 def set_no_new_privs(libc=None):
@@ -141,10 +171,9 @@ def apply_seccomp(libc=None):
   """
   libc = libc or _libc()
   arch = machine()
-  prog = seccomp_program(arch)
-  raw = b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+  n, raw = _PREPARED.get("seccomp") or _seccomp_bytes(arch)
   buf = ctypes.create_string_buffer(raw, len(raw))
-  fprog = _SockFprog(len(prog), ctypes.addressof(buf))
+  fprog = _SockFprog(n, ctypes.addressof(buf))
   nr = _ARCH[arch][1]["seccomp"]
   # seccomp(SECCOMP_SET_MODE_FILTER, SECCOMP_FILTER_FLAG_TSYNC, &prog)
   rc = libc.syscall(_L(nr), _L(1), _L(1), ctypes.byref(fprog))
@@ -214,7 +243,7 @@ def apply_landlock(read_paths, write_paths, dev_paths=(), libc=None):
   (the message says why) or a rule cannot be added.
   """
   libc = libc or _libc()
-  abi, why = landlock_abi(libc)
+  abi, why = _PREPARED.get("landlock_abi") or landlock_abi(libc)
   if not abi:
     raise OSError(errno.EOPNOTSUPP, why)
   handled = _fs_rights(abi)

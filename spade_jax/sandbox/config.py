@@ -65,13 +65,23 @@ class SandboxConfig:
     uid_count: size of that range.
     scratch_root: parent directory of worker scratch dirs (default: system tmp).
     preimport: modules imported by a worker before the uid drop; None (default)
-      picks: nothing under bubblewrap (the interpreter is mounted readable, so
-      programs import lazily and workers boot fastest), DEFAULT_PREIMPORT
-      otherwise.
+      picks DEFAULT_PREIMPORT, imported once by the fork server, or, for
+      workers started one by one, nothing under bubblewrap (the interpreter is
+      mounted readable, so programs import lazily and workers boot fastest)
+      and DEFAULT_PREIMPORT otherwise.
     self_test: run an isolation probe program when the pool starts and log the
       layers that actually hold.
     python: interpreter for workers (default: the running interpreter's base
       executable).
+    fork_server: fork every worker from one pre-imported zygote per pool,
+      started under the same launcher (``sandbox/forkserver.py``), so a fresh
+      worker costs a fork instead of an interpreter start. Each forked worker
+      still gets its own scratch dir, uid, rlimits, process group, landlock
+      domain and seccomp filter and, under a launcher, its own pid, mount,
+      ipc and uts namespaces; workers of one pool share a network namespace.
+      Where the server cannot run (no pidfd, or no pid namespace per worker,
+      e.g. bubblewrap without root) or keeps dying, workers are started one
+      by one, with the reason logged.
   """
 
   mode: str = "best_effort"
@@ -98,6 +108,7 @@ class SandboxConfig:
   preimport: tuple[str, ...] | None = None
   self_test: bool = True
   python: str | None = None
+  fork_server: bool = True
 
   def __post_init__(self):
     MODES.check(self.mode)

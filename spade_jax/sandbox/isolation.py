@@ -28,8 +28,14 @@ Layers, strongest first, used where the host allows them:
   full list is ``_confine.DENIED_SYSCALLS``.
   Both are applied by the worker itself with ``ctypes`` syscalls (see
   ``_confine.py``) after the uid drop and before any program code runs.
-* always: rlimits, ``no_new_privs``, a scratch cwd, a scrubbed environment,
-  a new session so the parent can kill the whole process group.
+* always: rlimits, ``no_new_privs``, no capabilities, a scratch cwd, a
+  scrubbed environment, a session and process group of its own so the parent
+  can kill the whole group.
+
+With the fork server (``SandboxConfig.fork_server``, ``forkserver.py``) the
+launcher wraps one zygote per pool instead of each worker; every worker it
+forks still gets each layer above, and under a launcher its own pid, mount,
+ipc and uts namespaces (workers of one pool share the network namespace).
 
 :func:`self_test` runs a probe program through the real worker path and
 reports which layers actually hold, instead of trusting the flags.
@@ -37,7 +43,6 @@ reports which layers actually hold, instead of trusting the flags.
 
 import dataclasses
 import functools
-import importlib.util
 import json
 import marshal
 import logging
@@ -55,9 +60,6 @@ _log = logging.getLogger(__name__)
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
 CONFINE_SCRIPT = os.path.join(os.path.dirname(WORKER_SCRIPT), "_confine.py")
-# Bytecode of _confine.py, written when this package imports it (below): workers
-# import the module from there instead of compiling it at every start.
-CONFINE_CACHE = importlib.util.cache_from_source(CONFINE_SCRIPT)
 # Files outside the read-only trees that programs may read (no secrets in them).
 _READ_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 _DEV_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -73,6 +75,7 @@ class IsolationPlan:
   drop_uid: bool
   python: str
   notes: tuple[str, ...] = ()
+  binary: str = ""  # Resolved path of the launcher (workers get PATH=/usr/bin:/bin).
 
 
 def worker_python(configured: str | None = None) -> str:
@@ -103,7 +106,7 @@ def plan_isolation(cfg) -> IsolationPlan:
     if cfg.use_bwrap and bwrap:
       if _probe_command((bwrap, "--unshare-net", "--unshare-pid", "--die-with-parent",
                          "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "true")):
-        return IsolationPlan("bwrap", drop_uid, python, tuple(notes))
+        return IsolationPlan("bwrap", drop_uid, python, tuple(notes), bwrap)
       notes.append(f"bubblewrap at {bwrap} failed its probe (user namespaces disabled?)")
     elif cfg.use_bwrap:
       notes.append("bubblewrap is not installed (apt-get install bubblewrap)")
@@ -112,14 +115,15 @@ def plan_isolation(cfg) -> IsolationPlan:
       base = [unshare] + ([] if is_root else ["--map-root-user"])
       argv = base + ["--net", "--pid", "--fork", "--kill-child", "--mount-proc", "true"]
       if _probe_command(tuple(argv)):
-        return IsolationPlan("unshare", drop_uid, python, tuple(notes))
+        return IsolationPlan("unshare", drop_uid, python, tuple(notes), unshare)
       notes.append("unshare is installed but cannot create namespaces here")
     elif cfg.use_unshare:
       notes.append("util-linux unshare is not installed")
   return IsolationPlan("none", drop_uid, python, tuple(notes))
 
 
-def _python_dirs(python: str) -> list[str]:
+def python_dirs(python: str) -> list[str]:
+  """Interpreter dirs outside the system dirs (read-only to workers)."""
   dirs = {os.path.realpath(sys.base_prefix), os.path.dirname(os.path.dirname(python))}
   libdir = sysconfig.get_config_var("LIBDIR")
   if libdir:
@@ -178,31 +182,37 @@ def inside_scratch(plan: IsolationPlan, host_scratch: str) -> str:
 
 def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
                    scratch_bytes: int = 64 << 20,
-                   extra_ro_files: Sequence[str] = ()) -> list[str]:
-  """argv that starts one worker under ``plan``.
+                   extra_ro_files: Sequence[str] = (), zygote: bool = False) -> list[str]:
+  """argv that starts one worker (or, with ``zygote``, the fork server) under ``plan``.
 
   Under bubblewrap the scratch dir is a private tmpfs of ``scratch_bytes`` at
   :data:`BWRAP_SCRATCH` (gone with the sandbox, never on the host disk);
   otherwise it is the host dir ``scratch``. ``extra_ro_files`` are host files
   the worker reads at their host path (bound read-only under bubblewrap).
+  As root, the fork server keeps CAP_SYS_ADMIN under bubblewrap: each worker
+  it forks creates its own pid, mount, ipc and uts namespaces and scratch
+  tmpfs with it, then drops every capability (uid drop or ``capset``) before
+  running program code.
   """
   inner = [plan.python, "-s", "-S", "-B"]
   if sys.version_info >= (3, 11):
     inner.append("-P")
   inner += [WORKER_SCRIPT, config_json]
   if plan.launcher == "bwrap":
-    argv = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts",
-            "--unshare-cgroup-try", "--die-with-parent", "--hostname", "sandbox",
-            "--cap-drop", "ALL"]
+    argv = [plan.binary or "bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try", "--die-with-parent", "--hostname",
+            "sandbox", "--cap-drop", "ALL"]
     if plan.drop_uid:
       argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_CHOWN"]
+    if zygote and os.geteuid() == 0:
+      argv += ["--cap-add", "CAP_SYS_ADMIN"]
     for d in _SYSTEM_DIRS:
       if os.path.islink(d):
         argv += ["--symlink", os.readlink(d), d]
       elif os.path.isdir(d):
         argv += ["--ro-bind", d, d]
-    binds = [("--ro-bind", d) for d in _python_dirs(plan.python)]
-    binds += [("--ro-bind", p) for p in (WORKER_SCRIPT, CONFINE_SCRIPT, CONFINE_CACHE)
+    binds = [("--ro-bind", d) for d in python_dirs(plan.python)]
+    binds += [("--ro-bind", p) for p in (WORKER_SCRIPT, CONFINE_SCRIPT)
               if os.path.exists(p)]
     binds += [("--ro-bind", p) for p in extra_ro_files]
     # bwrap creates missing mount-point parents as 0700 root dirs, which the
@@ -218,7 +228,7 @@ def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
       argv += ["--setenv", k, v]
     return argv + ["--"] + inner
   if plan.launcher == "unshare":
-    argv = ["unshare"]
+    argv = [plan.binary or "unshare"]
     if os.geteuid() != 0:
       argv.append("--map-root-user")
     argv += ["--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--ipc", "--uts",
@@ -230,8 +240,8 @@ def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
 def write_confine_code(base_dir: str) -> str:
   """Marshals the compiled ``_confine`` module into ``base_dir``; returns the path.
 
-  Workers run this instead of compiling the source at every start; a worker
-  whose interpreter version differs falls back to importing the source.
+  Workers (or the fork server, once per pool) run this instead of compiling
+  the source; one whose interpreter version differs compiles the source.
   """
   path = os.path.join(base_dir, "confine.code")
   with open(CONFINE_SCRIPT, "rb") as f:
@@ -256,9 +266,10 @@ def confine_spec(cfg, plan: IsolationPlan, scratch: str, code_path: str | None =
   """
   if not sys.platform.startswith("linux"):
     return {}
-  spec: dict = {"seccomp": bool(cfg.seccomp), "code": code_path, "hexversion": hexversion}
+  spec: dict = {"seccomp": bool(cfg.seccomp), "code": code_path, "hexversion": hexversion,
+                "source": CONFINE_SCRIPT}
   if cfg.landlock:
-    read = [d for d in _SYSTEM_DIRS if os.path.exists(d)] + _python_dirs(plan.python)
+    read = [d for d in _SYSTEM_DIRS if os.path.exists(d)] + python_dirs(plan.python)
     spec["landlock"] = {"read": read + list(_READ_FILES), "write": [scratch],
                         "dev": list(_DEV_FILES)}
   return spec

@@ -1,10 +1,12 @@
 """EnvPool: env programs in sandboxed worker processes, driven in batches.
 
 Each env instance lives in its own worker process (see ``_worker.py`` for what
-runs inside and ``isolation.py`` for the OS layers around it). The pool keeps
-``num_workers`` warm idle workers, so a fresh env costs one load message
-instead of an interpreter start; a worker is never reused for a second
-program.
+runs inside and ``isolation.py`` for the OS layers around it). Workers are
+forked by one pre-imported zygote per pool (``forkserver.py``), so a fresh
+worker costs a fork, not an interpreter start; where the fork server cannot
+run, each worker is started by itself (launcher + interpreter). The pool
+also keeps ``num_workers`` warm idle workers, so a fresh env usually costs one
+load message; a worker is never reused for a second program.
 
 Every call returns :class:`CallResult` objects. A crash, hang, limit breach,
 bad return type, NaN reward or oversized observation is an outcome with a
@@ -33,9 +35,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from spade_jax.registry import names
-from spade_jax.sandbox import isolation
+from spade_jax.sandbox import forkserver, isolation
 from spade_jax.sandbox.config import DEFAULT_PREIMPORT, SandboxConfig
-from spade_jax.sandbox.process import Outcome, WorkerProcess, exchange
+from spade_jax.sandbox.process import ForkedWorker, Outcome, WorkerProcess, exchange
+
+# Fork-server deaths a pool recovers from by restarting it; after that it
+# starts each worker by itself.
+_MAX_SERVER_RESTARTS = 3
 
 _log = logging.getLogger(__name__)
 
@@ -70,7 +76,8 @@ class CallResult:
 class EnvHandle:
   """One env instance in one worker. ``alive`` is False once any call failed."""
 
-  def __init__(self, pool: "EnvPool", worker: WorkerProcess | None, index: int):
+  def __init__(self, pool: "EnvPool", worker: "WorkerProcess | ForkedWorker | None",
+               index: int):
     self._pool = pool
     self._worker = worker
     self.index = index
@@ -156,10 +163,15 @@ class EnvPool:
     self.plan = isolation.plan_isolation(cfg)
     self._base = tempfile.mkdtemp(prefix="spade_sandbox_", dir=cfg.scratch_root)
     os.chmod(self._base, 0o711)
+    # Worker scratch dirs only: under a private /tmp the fork server keeps this
+    # dir visible, not the rest of the base dir (self-test files, logs).
+    self._scratch_root = os.path.join(self._base, "scratch")
+    os.mkdir(self._scratch_root, 0o711)
+    os.chmod(self._scratch_root, 0o711)
     self._confine_code = isolation.write_confine_code(self._base)
     self._lock = threading.Lock()
-    self._spares: collections.deque[WorkerProcess] = collections.deque()
-    self._live: dict[int, WorkerProcess] = {}
+    self._spares: collections.deque[WorkerProcess | ForkedWorker] = collections.deque()
+    self._live: dict[int, WorkerProcess | ForkedWorker] = {}
     self._counter = 0
     self._spawner = concurrent.futures.ThreadPoolExecutor(
         1, thread_name_prefix="spade-sandbox-spawn")
@@ -167,6 +179,10 @@ class EnvPool:
     self._closed = False
     self._python_hexversion = sys.hexversion if isolation.worker_python(cfg.python) \
         == isolation.worker_python() else None
+    self._server: forkserver.ForkServer | None = None
+    self._server_lock = threading.Lock()
+    self._server_restarts = 0
+    self.fork_server_note = ""
     self._adopt(self.plan)
     self.report: isolation.IsolationReport | None = None
     if self.plan.launcher == "none" and cfg.mode == "strict":
@@ -186,7 +202,7 @@ class EnvPool:
         self.report = isolation.self_test(self, self._base)
       missing = [k for k, v in self.report.layers.items() if not v]
       log = _log.warning if missing else _log.info
-      log("Sandbox isolation: %s", self.report.summary())
+      log("Sandbox isolation: %s; workers: %s", self.report.summary(), self.fork_server_note)
       if missing:
         _log.warning("SANDBOX IS WEAKER THAN DESIGNED: missing layers %s. %s", missing,
                      " ".join(self.plan.notes))
@@ -197,21 +213,103 @@ class EnvPool:
                            f"network or did not run ({detail}). Use mode='best_effort' to "
                            "run anyway.")
     else:
-      _log.info("Sandbox launcher: %s (self-test disabled)", self.plan.launcher)
+      _log.info("Sandbox launcher: %s (self-test disabled); workers: %s", self.plan.launcher,
+                self.fork_server_note)
     self._refill()
 
   def _adopt(self, plan: isolation.IsolationPlan) -> None:
-    """Sets the launcher plan and what depends on it."""
+    """Sets the launcher plan and what depends on it, and (re)starts the fork server."""
     self.plan = plan
     unshare_root = plan.launcher == "unshare" and os.geteuid() == 0
     self._mask = isolation.accelerator_nodes() if unshare_root else []
     self._tmpfs = isolation.world_writable_dirs() if unshare_root else []
-    if self.config.preimport is not None:
-      self.preimport = tuple(self.config.preimport)
-    elif plan.launcher == "bwrap":
+    with self._server_lock:
+      old, self._server = self._server, None
+    if old is not None:
+      old.close()
+    self._server_restarts = 0
+    # Pre-imports cost nothing per worker when the zygote holds them; a worker
+    # started by itself under bubblewrap boots fastest importing lazily.
+    preimport = self.config.preimport
+    self.preimport = DEFAULT_PREIMPORT if preimport is None else tuple(preimport)
+    server = self._start_server()
+    with self._server_lock:
+      self._server = server
+    if preimport is None and plan.launcher == "bwrap" and server is None:
       self.preimport = ()
-    else:
-      self.preimport = DEFAULT_PREIMPORT
+
+  def _start_server(self) -> "forkserver.ForkServer | None":
+    """Starts a fork server under the current plan; None (with a note why) if it cannot run."""
+    cfg = self.config
+    if not cfg.fork_server:
+      self.fork_server_note = "started one by one (SandboxConfig.fork_server=False)"
+      return None
+    ok, why = forkserver.supported()
+    if not ok:
+      self.fork_server_note = f"started one by one (no fork server: {why})"
+      _log.info("Sandbox fork server unavailable (%s); starting each worker by itself.", why)
+      return None
+    plan = self.plan
+    inside = isolation.inside_scratch(plan, self._base)
+    rlimits = {"RLIMIT_AS": cfg.memory_mb << 20, "RLIMIT_FSIZE": cfg.file_size_mb << 20,
+               "RLIMIT_NOFILE": max(cfg.max_open_files, 16), "RLIMIT_CORE": 0}
+    zcfg = {"zygote": True, "rlimits": rlimits, "mask_paths": self._mask,
+            "tmpfs_paths": self._tmpfs,
+            "keep_paths": [self._scratch_root] + isolation.python_dirs(plan.python),
+            "preimport": list(self.preimport), "pidns": plan.launcher != "none",
+            "scratch_probe": isolation.BWRAP_SCRATCH if plan.launcher == "bwrap" else None,
+            "confine": isolation.confine_spec(cfg, plan, inside, self._confine_code,
+                                              self._python_hexversion)}
+    argv = isolation.worker_command(plan, self._base, json.dumps(zcfg), cfg.scratch_mb << 20,
+                                    (self._confine_code,), zygote=True)
+    with self._lock:
+      n = self._counter
+      self._counter += 1
+    args = (argv, isolation.worker_env(inside), self._base,
+            os.path.join(self._base, f"zygote{n}.err"), cfg.load_timeout_s)
+    try:
+      # From the spawner thread, like every launcher process (see _spawn).
+      if threading.current_thread().name.startswith("spade-sandbox-spawn"):
+        server = forkserver.ForkServer(*args)
+      else:
+        server = self._spawner.submit(forkserver.ForkServer, *args).result()
+    except (forkserver.ForkServerError, OSError, RuntimeError) as e:
+      self.fork_server_note = f"started one by one (the fork server failed: {e})"
+      _log.warning("Sandbox fork server failed to start under %s (%s); starting each worker "
+                   "by itself.", plan.launcher, e)
+      return None
+    if plan.launcher != "none" and not server.pidns:
+      server.close()
+      why = server.pidns_why
+      self.fork_server_note = ("started one by one (the fork server cannot give each worker "
+                               f"its own pid namespace: {why})")
+      _log.warning("Sandbox fork server cannot give each worker its own pid namespace under "
+                   "%s (%s); starting each worker by itself.", plan.launcher, why)
+      return None
+    self.fork_server_note = "forked by the fork server"
+    return server
+
+  def _server_failed(self, server: "forkserver.ForkServer", error: Exception) -> None:
+    """Restarts a fork server that died (a few times), then starts workers by themselves."""
+    with self._server_lock:
+      if self._server is not server or self._closed:
+        return
+      self._server = None  # Meanwhile workers are started by themselves.
+      restart = self._server_restarts < _MAX_SERVER_RESTARTS
+      self._server_restarts += restart
+    server.close()
+    if not restart:
+      self.fork_server_note = f"started one by one (the fork server kept failing: {error})"
+      _log.warning("Sandbox fork server failed %d times (%s); starting each worker by "
+                   "itself from now on.", self._server_restarts + 1, error)
+      return
+    _log.warning("Sandbox fork server failed (%s); restarting it.", error)
+    new = self._start_server()  # Not under the lock: it may wait for the spawner thread.
+    with self._server_lock:
+      if self._server is None and not self._closed:
+        self._server, new = new, None
+    if new is not None:
+      new.close()
 
   # ---- lifecycle -------------------------------------------------------------
 
@@ -248,6 +346,10 @@ class EnvPool:
       self._live.clear()
       self._spares.clear()
     self._destroy(workers)
+    with self._server_lock:
+      server, self._server = self._server, None
+    if server is not None:
+      server.close()
     shutil.rmtree(self._base, ignore_errors=True)
 
   @property
@@ -266,7 +368,7 @@ class EnvPool:
         return None
       n = self._counter
       self._counter += 1
-    scratch = os.path.join(self._base, f"w{n}")
+    scratch = os.path.join(self._scratch_root, f"w{n}")
     os.mkdir(scratch, 0o700)
     uid = None
     if self.plan.drop_uid:
@@ -278,22 +380,27 @@ class EnvPool:
     if uid is not None:
       rlimits["RLIMIT_NPROC"] = cfg.max_processes
     inside = isolation.inside_scratch(self.plan, scratch)
+    err_path = os.path.join(self._base, f"w{n}.err")
     wcfg = {"scratch": inside, "chown_scratch": inside != scratch,
             "uid": uid, "gid": uid, "rlimits": rlimits,
             "preimport": list(self.preimport if preimport is None else preimport),
             "no_new_privs": self.plan.launcher != "bwrap",
             "max_message_bytes": cfg.max_message_bytes,
-            "max_observation_chars": cfg.max_observation_chars, "mask_paths": self._mask,
-            "tmpfs_paths": self._tmpfs,
+            "max_observation_chars": cfg.max_observation_chars,
             "confine": isolation.confine_spec(cfg, self.plan, inside, self._confine_code,
                                               self._python_hexversion)}
+    worker = self._fork(wcfg, scratch, err_path, uid)
+    if worker is not None:
+      with self._lock:
+        self._live[worker.pid] = worker
+      return worker
+    wcfg.update(mask_paths=self._mask, tmpfs_paths=self._tmpfs)
     argv = isolation.worker_command(self.plan, scratch, json.dumps(wcfg), cfg.scratch_mb << 20,
                                     (self._confine_code,))
     # Workers are started from one long-lived thread: the launchers tie the
     # worker's life to the thread that forked it (PR_SET_PDEATHSIG), and a
     # caller's short-lived thread would take its workers down when it exits.
-    args = (argv, isolation.worker_env(inside), scratch,
-            os.path.join(self._base, f"w{n}.err"), uid)
+    args = (argv, isolation.worker_env(inside), scratch, err_path, uid)
     if on_spawner:
       worker = WorkerProcess(*args)
     else:
@@ -301,6 +408,32 @@ class EnvPool:
     with self._lock:
       self._live[worker.pid] = worker
     return worker
+
+  def _fork(self, wcfg: dict[str, Any], scratch: str, err_path: str,
+            uid: int | None) -> "ForkedWorker | None":
+    """A worker forked by the fork server; None to start this one by itself.
+
+    Any thread may fork: the zygote, not this process, is the worker's parent.
+    A dead or unresponsive server is restarted (or given up, see
+    :meth:`_server_failed`) and asked once more; a server that merely could
+    not fork this worker is left running.
+    """
+    fcfg = dict(wcfg, env=isolation.worker_env(wcfg["scratch"]))
+    if self.plan.launcher == "bwrap":
+      fcfg["scratch_bytes"] = self.config.scratch_mb << 20
+    for _ in range(2):
+      server = self._server
+      if server is None:
+        return None
+      try:
+        return server.spawn(fcfg, scratch, err_path, uid, self.config.load_timeout_s)
+      except forkserver.ForkFailed as e:
+        _log.warning("Sandbox fork server could not fork a worker (%s); starting it by "
+                     "itself.", e)
+        return None
+      except forkserver.ForkServerError as e:
+        self._server_failed(server, e)
+    return None
 
   def _next_uid(self) -> int:
     """A uid of the configured range not used by any live worker of this pool.
@@ -343,12 +476,20 @@ class EnvPool:
       except RuntimeError:  # Spawner already shut down by close().
         pass
 
-  def _take(self) -> WorkerProcess | None:
-    with self._lock:
-      if self._spares:
-        return self._spares.popleft()
-      if self._closed or len(self._live) >= self.config.max_live_workers:
-        return None
+  def _take(self) -> "WorkerProcess | ForkedWorker | None":
+    while True:
+      with self._lock:
+        if not self._spares:
+          if self._closed or len(self._live) >= self.config.max_live_workers:
+            return None
+          break
+        worker = self._spares.popleft()
+      if not worker.exited():
+        return worker
+      # A spare that died idle (e.g. with its fork server): never hand it out.
+      with self._lock:
+        self._live.pop(worker.pid, None)
+      self._destroy([worker])
     return self._spawn()
 
   def _destroy(self, workers: Sequence[WorkerProcess]) -> None:

@@ -35,7 +35,7 @@ class _Bytes:
 class _FakePool:
   """Env e: observations of length depending on the turn; ends after 2 + seed % 3 turns."""
 
-  def start(self, sources, max_turns=25, class_names=None, action_mode="auto"):
+  def start(self, sources, max_turns=25, class_names=None, action_mode="auto", kwargs=None):
     assert action_mode in ("auto", "raw")
     return [{"turn": 0, "seed": None} for _ in sources]
 
@@ -136,3 +136,17 @@ def test_hint_is_appended_to_the_first_observation(params):
   assert "go2" in first(plain) and "try 7" not in first(plain)
   assert first(hinted).index("go2") < first(hinted).index("try 7")
   assert "try 7" not in first(hinted).split("<|im_end|>")[0]  # not in the system turn
+
+
+@pytest.mark.parametrize("max_slots", [None, 2])
+def test_overlapped_rollout_equals_lock_step(params, max_slots):
+  # Several stop ids make turn lengths differ, so turns end at different steps.
+  rule = SamplingConfig(temperature=1.0, eos_id=1, eos_ids=tuple(range(3, 40)), pad_id=0)
+  lock = _play(Sampler(params, CFG, rule, jax.random.key(5)), SPECS, max_slots=max_slots)
+  over = _play(Sampler(params, CFG, rule, jax.random.key(5)), SPECS, max_slots=max_slots,
+               overlap=True)
+  assert len({len(t) for ep in lock for t in [ep.tokens]}) > 1
+  for a, b in zip(lock, over):
+    assert a.tokens == b.tokens and a.loss_mask == b.loss_mask
+    assert (a.turns, a.outcome, a.reward) == (b.turns, b.outcome, b.reward)
+    np.testing.assert_allclose(a.logps, b.logps, atol=1e-5)

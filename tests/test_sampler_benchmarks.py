@@ -57,3 +57,11 @@ def test_sampler_benchmark_checks_tokens_and_load(tmp_path):
   assert row["same_tokens_as_transformers"] and row["rounds"] == 2
   lo, med, hi = row["ours_tok_s"]
   assert 0 < lo <= med <= hi
+
+
+@pytest.mark.slow
+def test_rollout_benchmark_schedules_agree():
+  out = _run("rollout", "--models=tiny", "--episodes=4", "--slots=2", "--turns=2",
+             "--turn_tokens=8", "--repeats=1", "--max_len=512")
+  line = next(l for l in out.splitlines() if l.startswith("tiny "))
+  assert "same transcripts True" in line and "speed-up" in line

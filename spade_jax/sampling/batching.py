@@ -17,6 +17,7 @@ plays against environments) both run on it.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import dataclasses
 from typing import Callable, Sequence
 
@@ -40,7 +41,8 @@ class Turn:
 
 def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
              respond: Callable[[dict[int, Output]], dict[int, Turn | None]], *,
-             slots: Sequence[int] | None = None, refill_early: bool = False) -> list[int]:
+             slots: Sequence[int] | None = None, refill_early: bool = False,
+             overlap: bool = False, workers: int = 4) -> list[int]:
   """Runs conversations on ``engine``'s rows until every one has ended.
 
   Args:
@@ -56,6 +58,17 @@ def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
       stops, so a waiting conversation takes its row at once (the others' partial
       output comes back; continue them with an empty :class:`Turn`). Otherwise a
       round decodes every running conversation to its stop or budget.
+    overlap: ``respond`` runs in worker threads for the conversations whose turn has
+      ended (stop or budget), while the engine keeps decoding the others; a
+      conversation rejoins the decoding as soon as its next turn is known. ``respond``
+      then sees only whole turns and must be thread-safe for disjoint conversations (an
+      environment step per conversation is). Outputs are the same as without overlap,
+      since a row's draws depend only on its own key and positions. It removes
+      stragglers (fewer decode steps), but every rejoin is an extend that writes all rows
+      at the engine's shared cache pointer, so the live cache span grows and each step
+      costs more: on CPU it is slower than lock-step today (see
+      experiments/benchmarks/rollout.py); per-row cache pointers would fix that.
+    workers: threads that run ``respond`` with ``overlap``.
 
   Returns:
     The row each conversation ran on.
@@ -66,6 +79,8 @@ def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
   free = collections.deque(range(engine.slots) if slots is None else slots)
   if not free:
     raise ValueError("schedule() got no slots; pass at least one engine row.")
+  if overlap:
+    return _schedule_overlapped(engine, first, keys, respond, free, workers)
   waiting = collections.deque(range(len(first)))
   running: dict[int, int] = {}  # conversation -> row, in the order rows were taken
   turn: dict[int, Turn] = {}
@@ -85,6 +100,65 @@ def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
     rows = [running.pop(c) for c in ended]
     engine.release(rows)
     free.extend(rows)
+  return row_of
+
+
+def _schedule_overlapped(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
+                         respond, free: collections.deque, workers: int) -> list[int]:
+  """`schedule` with `respond` in worker threads, off the decoding path."""
+  waiting = collections.deque(range(len(first)))
+  running: dict[int, int] = {}  # conversation -> row
+  turn: dict[int, Turn] = {}  # next turns to extend before decoding
+  left: dict[int, int] = {}  # tokens left in each decoding conversation's turn
+  partial: dict[int, tuple[list[int], list[float]]] = {}
+  inflight: dict[concurrent.futures.Future, list[int]] = {}
+  row_of = [-1] * len(first)
+  starts: dict[int, jax.Array] = {}  # rows whose new conversation is not extended yet
+  with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+    while waiting or running:
+      while waiting and free:
+        c = waiting.popleft()
+        running[c] = row_of[c] = free.popleft()
+        turn[c], starts[running[c]] = first[c], keys[c]
+      awaiting = {c for cs in inflight.values() for c in cs}
+      decodable = [c for c in running if c not in awaiting and c not in turn]
+      done = [f for f in inflight if f.done()]
+      if not done and not decodable and not turn and inflight:
+        done = list(concurrent.futures.wait(
+            inflight, return_when=concurrent.futures.FIRST_COMPLETED).done)
+      ended = []
+      for f in done:
+        nxt = f.result()  # re-raises an exception of `respond`
+        for c in inflight.pop(f):
+          if nxt.get(c) is None:
+            ended.append(c)
+          else:
+            turn[c] = nxt[c]
+      if ended:
+        rows = [running.pop(c) for c in ended]
+        engine.release(rows)
+        free.extend(rows)
+        if waiting:
+          continue  # admit into the freed rows first (one extend for all)
+      engine.extend({running[c]: list(t.ids) for c, t in turn.items() if len(t.ids)}, starts)
+      for c, t in turn.items():
+        left[c], partial[c] = t.max_new_tokens, ([], [])
+      turn, starts = {}, {}
+      awaiting = {c for cs in inflight.values() for c in cs}
+      active = [c for c in running if c not in awaiting]
+      if not active:
+        continue
+      res = engine.decode({running[c]: left[c] for c in active}, stop_on_finish=True)
+      finished: dict[int, Output] = {}
+      for c in active:
+        toks, logps, hit = res[running[c]]
+        partial[c][0].extend(toks)
+        partial[c][1].extend(logps)
+        left[c] -= len(toks)
+        if hit or left[c] <= 0:
+          finished[c] = (*partial.pop(c), hit)
+      if finished:
+        inflight[pool.submit(respond, finished)] = list(finished)
   return row_of
 
 

@@ -78,7 +78,8 @@ def _extend(ep: Episode, ids: Sequence[int], mask: bool, logps=None) -> None:
 def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
                  policy: Policy, chat: ChatTemplate, system_prompt: str | None,
                  *, max_turns: int, max_turn_tokens: int, max_len: int,
-                 max_slots: int | None = None, setting: str = "games") -> list[Episode]:
+                 max_slots: int | None = None, setting: str = "games",
+                 overlap: bool = False) -> list[Episode]:
   """Plays every spec to the end and returns one `Episode` per spec.
 
   Args:
@@ -100,6 +101,9 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
       turns reach them. Tool use runs the Qwen3 tool conversation: the tools the env
       declares at reset go in the system turn, each turn's tool results come back as
       tool messages and a revealed request as a user message.
+    overlap: with a `Sampler`, step an episode's env as soon as its turn ends, in a
+      worker thread, while the engine keeps decoding the other episodes (same
+      transcripts as the lock-step schedule).
 
   Returns:
     Episodes in the order of `specs`. Sandbox failures end an episode with the
@@ -126,7 +130,7 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
     if isinstance(policy, Sampler):
       running = _play_cached(pool, handles, episodes, running, policy, chat,
                              max_turns=max_turns, max_turn_tokens=max_turn_tokens,
-                             max_len=max_len, max_slots=max_slots)
+                             max_len=max_len, max_slots=max_slots, overlap=overlap)
     else:
       running = _play_reread(pool, handles, episodes, running, policy, chat,
                              max_turns=max_turns, max_turn_tokens=max_turn_tokens,
@@ -190,7 +194,7 @@ def _play_reread(pool, handles, episodes, running, policy, chat, *, max_turns,
 
 
 def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, max_turns,
-                 max_turn_tokens, max_len, max_slots) -> list[int]:
+                 max_turn_tokens, max_len, max_slots, overlap=False) -> list[int]:
   """Turns through one engine row per episode (`sampling.schedule`); waiting
   episodes take freed rows.
 
@@ -224,5 +228,5 @@ def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, ma
     return nxt
 
   schedule(engine, [Turn(list(episodes[i].tokens), max_turn_tokens) for i in running],
-           [jax.random.fold_in(key, i) for i in running], respond)
+           [jax.random.fold_in(key, i) for i in running], respond, overlap=overlap)
   return left_over

@@ -254,3 +254,13 @@ def test_smoke_run_logs_eval_metrics_each_iteration(tmp_path):
     assert "eval/reasoning_gym/logic" in r and "eval/reasoning_gym/logic/score" in r
     assert r["time/eval"] > 0 and "train/loss" in r
   assert "eval/reasoning_gym/win_rate" in last
+
+
+def test_dynamic_sampling_drops_uniform_groups_from_the_gradient(tmp_path, scripted, pool):
+  sp = _selfplay(tmp_path, pool, dynamic_sampling=True)
+  m = sp.iteration(0)
+  # The scripted agent always answers 50: every env's plays end alike, so no agent row
+  # is trained, while win rates and regret still see every play.
+  assert m["agent/uniform_groups_dropped"] == 4
+  assert m["batch/agent_rows"] == 0 and m["batch/designer_rows"] == 4
+  assert m["agent/episodes"] == 4 * (2 + 2)

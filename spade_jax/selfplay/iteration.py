@@ -87,6 +87,9 @@ class SelfPlayConfig:
       instead (never credited to the designer).
     train_designer: put credited designer samples in the GRPO batch.
     no_corpus: ablation: designer prompts without a document.
+    dynamic_sampling: leave out of the gradient the agent groups (an env slot's unhinted
+      plays) whose terminal outcomes are all equal (DAPO; counted in
+      `agent/uniform_groups_dropped`); they still count in win rates and regret.
     llm_validator: the policy judges each program that passed validation and rejects
       those it answers `\\boxed{no}` for (reason "judge"; REFERENCE §5, tool use).
     judge_tokens: new tokens of a judgement.
@@ -115,6 +118,7 @@ class SelfPlayConfig:
   fill_from_pool: bool = True
   train_designer: bool = True
   no_corpus: bool = False
+  dynamic_sampling: bool = False
   llm_validator: bool = False
   judge_tokens: int = 256
   designer_thinking: bool = True
@@ -583,8 +587,10 @@ class SelfPlay:
     metrics["env/blacklisted"] = len(failed)
 
     adv = np.asarray(out.agent_advantages)
+    uniform = self._uniform_groups(nohint) if cfg.dynamic_sampling else set()
+    metrics["agent/uniform_groups_dropped"] = len(uniform)
     for (e, j), ep in sorted(nohint.items()):
-      if not ep.failed and ep.tokens:
+      if not ep.failed and ep.tokens and e not in uniform:
         rows.append(Row(ep.tokens, ep.loss_mask, ep.logps, float(adv[e, j]), "agent"))
     self.on_phase("train")
     t0 = time.perf_counter()
@@ -600,6 +606,16 @@ class SelfPlay:
     metrics["process/compiled_programs"] = num_compiled_programs()
     metrics["memory/size"] = len(self.memory)
     return metrics
+
+  @staticmethod
+  def _uniform_groups(nohint: dict[tuple[int, int], Any]) -> set[int]:
+    """Env slots whose counted unhinted plays all ended with the same terminal reward
+    (DAPO's dynamic sampling, on the raw outcome): their advantages are all zero."""
+    rewards: dict[int, set[float]] = collections.defaultdict(set)
+    for (e, _), ep in nohint.items():
+      if not ep.failed:
+        rewards[e].add(ep.reward)
+    return {e for e, r in rewards.items() if len(r) == 1}
 
   def skill_name(self, index: int) -> str:
     return envs.SKILLS[self.cfg.setting][index] if index >= 0 else ""

@@ -115,6 +115,60 @@ def mesh_preset(mesh: str, moe: bool) -> dict:
   return dict(data=1, fsdp=n, tensor=1, expert=1, rules="fsdp")
 
 
+def recipe(a, *, setting: str, iterations: int, envs: int, plays: int, hinted: int,
+           regen: int, kl: float, designer_tokens: int, doc_words: int,
+           llm_validator: bool = False) -> ml_collections.ConfigDict:
+  """A SPADE recipe (REFERENCE §6) from its numbers and the parsed argument `a` (model,
+  mesh, ckpt, ablation, smoke); everything else is the paper's shared setting."""
+  choose("ablation", a.ablation, ABLATIONS)
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import get_preset  # pylint: disable=g-import-not-at-top
+  moe = "a3b" in a.model
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.iterations = iterations
+  c.checkpoint_every = 4
+  c.keep_checkpoints = 3
+  c.tokenizer = ""
+  # The preset's architecture (checked against the checkpoint's config.json), fp32 master
+  # weights, bf16 compute, full rematerialisation.
+  c.model = dict(dataclasses.asdict(get_preset(a.model)),
+                 init_from="hf:" + (a.ckpt or default_checkpoint(a.model)),
+                 param_dtype="float32", compute_dtype="bfloat16", remat="full")
+  c.mesh = mesh_preset(a.mesh, moe)
+  # One 32,768-token row per device per micro-batch; overflow rows open further batches
+  # that accumulate into the same update.
+  devices = SLICES.get(a.mesh, 8)
+  c.train = dict(batch_size=4 * devices, seq_len=32_768, num_microbatches=4,
+                 logprob_chunk=1024, old_logps="recompute")
+  c.loss = dict(LOSS, kl_coef=kl)
+  c.optimizer = dict(OPTIMIZER)
+  c.sampling = dict(SAMPLING)
+  c.designer_sampling = dict(SAMPLING)
+  c.hint_sampling = dict(HINT_SAMPLING)
+  # Every role uses the model's own chat format: the Instruct-2507 models never think,
+  # Qwen3-8B thinks in both roles (`*_thinking=False` would add Qwen3's empty think block).
+  c.selfplay = dict(
+      setting=setting, skills=(), num_envs=envs, plays=plays, hinted_plays=hinted,
+      max_turns=25, agent_turn_tokens=8192, designer_new_tokens=designer_tokens,
+      designer_prompt_tokens=12_288, skills_per_regen=3, designer_resamples=5,
+      regen_every=regen, hint_source="policy", hint_tokens=1024,
+      llm_validator=llm_validator, judge_tokens=2048, designer_thinking=True,
+      agent_thinking=True)
+  c.rewards = dict(variant="blend", credit_window=regen)
+  c.corpus = dict(source="embedded", max_words=doc_words)
+  c.memory = dict(capacity=200)
+  c.sandbox = dict(num_workers=16)
+  c.validation = dict()
+  # Held-out evaluation, off by default: e.g. --config.eval.suites=reasoning_gym,bfcl
+  # --config.eval.every=50 logs eval/<suite>/<metric> during training.
+  c.eval = dict(EVAL)
+  apply(c, ABLATIONS[a.ablation])
+  if a.smoke:
+    smoke(c, moe)
+  return c
+
+
 def apply(c: ml_collections.ConfigDict, changes: dict) -> None:
   """Applies dotted-key changes (`{"selfplay.no_corpus": True}`) to a config."""
   for dotted, value in changes.items():

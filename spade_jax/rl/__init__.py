@@ -1,4 +1,4 @@
-"""GRPO: loss family, advantages, optimizer and the sharded train step."""
+"""GRPO and SFT: loss family, advantages, optimizer and the sharded train step."""
 
 from spade_jax.rl.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from spade_jax.rl.logprobs import chunked_head_logprobs, chunked_token_logprobs
@@ -6,6 +6,9 @@ from spade_jax.rl.loss import (LossConfig, Sequences, combine_metric_sums,
                                finalize_loss, finalize_metrics, grpo_loss,
                                grpo_loss_terms, sequences, tis_weight)
 from spade_jax.rl.optimizer import OptimizerConfig, make_optimizer
-from spade_jax.rl.train_step import (BATCH_FIELDS, OLD_LOGPS, PER_ROW_FIELDS, ROLES,
-                                     TrainConfig, Trainer, TrainState,
-                                     batch_loss_terms, finalize_train_metrics)
+from spade_jax.rl.sft import (finalize_sft_metrics, sft_loss, sft_loss_terms,
+                              trained_tokens)
+from spade_jax.rl.train_step import (BATCH_FIELDS, OBJECTIVES, OLD_LOGPS, PER_ROW_FIELDS,
+                                     ROLES, Objective, TrainConfig, Trainer, TrainState,
+                                     batch_loss_terms, finalize_train_metrics,
+                                     sft_batch_terms)

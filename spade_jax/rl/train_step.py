@@ -19,13 +19,18 @@ so `old_logps = stop_gradient(logps)` of the same forward pass is exact: the
 ratio is exactly 1 and its gradient is `grad log pi`, no token is clipped,
 and the staleness of a designer sample trained several updates after it was
 written is corrected by the capped weight instead of silencing its tokens.
+
+What the step minimises is chosen by name (`TrainConfig.objective`, a key of
+`OBJECTIVES`): "grpo" (the above) or "sft" (next-token NLL on the `loss_mask`
+tokens, `rl.sft`, for warm starts). Both run through the same log-probs,
+sharded program, donation and (sum, denominator) accumulation.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.struct
 import jax
@@ -35,8 +40,9 @@ import optax
 
 from spade_jax import parallel
 from spade_jax.models import ModelConfig, init_params, param_axes
-from spade_jax.registry import names
+from spade_jax.registry import Registry, names
 from spade_jax.rl import loss as loss_lib
+from spade_jax.rl import sft as sft_lib
 from spade_jax.rl.logprobs import chunked_token_logprobs
 from spade_jax.rl.optimizer import OptimizerConfig, make_optimizer
 
@@ -138,6 +144,69 @@ def finalize_train_metrics(loss_sum: jax.Array, denom: jax.Array,
   return metrics
 
 
+def sft_batch_terms(
+    logps: jax.Array,
+    batch: Mapping[str, jax.Array],
+    *,
+    ref_logps: jax.Array | None = None,
+    old_logps: str = "recompute",
+    config: loss_lib.LossConfig = loss_lib.LossConfig(),
+) -> tuple[jax.Array, jax.Array, loss_lib.Metrics]:
+  """Supervised (next-token NLL) terms of one (micro-)batch, as `batch_loss_terms`.
+
+  Args:
+    logps: [B, T] log-probs of the batch's tokens under the params being
+      updated.
+    batch: [B, T] arrays "loss_mask", "segment_ids" and "role" (index into
+      `ROLES`; splits only the metrics). "advantages" and "sampler_logps"
+      are not read.
+    ref_logps: unused (the SFT objective has no KL term).
+    old_logps: unused.
+    config: `LossConfig`; only `aggregation` and `dr_grpo_norm` are read.
+
+  Returns:
+    `(loss_sum, denom, metric_sums)` of `sft.sft_loss_terms` with a split by
+    `ROLES`; finalise with `sft.finalize_sft_metrics`.
+  """
+  del ref_logps, old_logps
+  return sft_lib.sft_loss_terms(logps, batch["loss_mask"],
+                                segment_ids=batch["segment_ids"], role=batch["role"],
+                                role_names=ROLES, config=config)
+
+
+class Objective(NamedTuple):
+  """What the train step minimises, given the policy's log-probs.
+
+  Attributes:
+    terms: `fn(logps [B, T], batch, *, ref_logps, old_logps, config) ->
+      (loss_sum, denom, metric_sums)`, exactly accumulable by addition
+      (`_add_sums`).
+    finalize: `fn(loss_sum, denom, metric_sums) -> metrics`.
+    required: the batch fields a batch must hold besides "tokens",
+      "positions" and "segment_ids"; any other field of `BATCH_FIELDS` may be
+      left out of a batch and is then zeros (for "sft" a missing "role" puts
+      every token in role 0).
+    check: `fn(loss_config)`, raises for loss settings the objective refuses.
+  """
+
+  terms: Callable[..., tuple[jax.Array, jax.Array, loss_lib.Metrics]]
+  finalize: Callable[[jax.Array, jax.Array, loss_lib.Metrics], loss_lib.Metrics]
+  required: tuple[str, ...]
+  check: Callable[[loss_lib.LossConfig], None]
+
+
+OBJECTIVES: Registry[Objective] = Registry("training objective", {
+    "grpo": Objective(batch_loss_terms, finalize_train_metrics,
+                      ("loss_mask", "sampler_logps", "advantages", "role"),
+                      lambda config: None),
+    "sft": Objective(sft_batch_terms, sft_lib.finalize_sft_metrics, ("loss_mask",),
+                     sft_lib.check_loss_config),
+}, field="train.objective")
+"""Name -> `Objective` (`TrainConfig.objective`): "grpo" (self-play RL), "sft"
+(supervised next-token loss on the `loss_mask` tokens, for warm starts)."""
+_ALWAYS = ("tokens", "positions", "segment_ids")
+
+
 @flax.struct.dataclass
 class TrainState:
   """Everything the update changes. `ref_params` is None when KL is off."""
@@ -167,7 +236,12 @@ class TrainConfig:
       (ratio 1), and every token weighted by
       `min(exp(old - sampler_logps), loss.tis_cap)`. "sampler": the sampler's
       log-probs (a stale sample's drifted tokens are PPO-clipped; the TIS
-      weight is exactly 1).
+      weight is exactly 1). Read by the "grpo" objective only.
+    objective: what the step minimises, a name in `OBJECTIVES`: "grpo", or
+      "sft" (next-token NLL of the `loss_mask` tokens, aggregated by
+      `loss.aggregation`; a batch then needs only "tokens", "positions",
+      "segment_ids", "loss_mask" and optionally "role", which splits the
+      metrics).
   """
 
   batch_size: int = 8
@@ -175,20 +249,28 @@ class TrainConfig:
   num_microbatches: int = 1
   logprob_chunk: int = 512
   old_logps: str = "recompute"
+  objective: str = "grpo"
 
   def __post_init__(self):
     OLD_LOGPS.check(self.old_logps)
+    OBJECTIVES.check(self.objective)
     if self.logprob_chunk < 0:
       raise ValueError(f"train.logprob_chunk={self.logprob_chunk}; expected a "
                        "positive chunk length, or 0 for unchunked log-probs.")
 
 
 class Trainer:
-  """Builds the train state and the sharded update for a model on a mesh."""
+  """Builds the train state and the sharded update for a model on a mesh.
+
+  The objective (`train_cfg.objective`, `OBJECTIVES`) decides only the loss
+  terms and metrics; state, shardings, donation and accumulation are shared.
+  """
 
   def __init__(self, model_cfg: ModelConfig, train_cfg: TrainConfig,
                loss_cfg: loss_lib.LossConfig, opt_cfg: OptimizerConfig,
                mesh: Mesh, rules):
+    self.objective = OBJECTIVES[train_cfg.objective]
+    self.objective.check(loss_cfg)
     if train_cfg.batch_size % train_cfg.num_microbatches:
       raise ValueError(f"train.num_microbatches={train_cfg.num_microbatches} must "
                        f"divide train.batch_size={train_cfg.batch_size}.")
@@ -278,7 +360,7 @@ class Trainer:
     ref = None
     if self.loss_cfg.kl_coef:
       ref = jax.lax.stop_gradient(self._logps(ref_params, mb))
-    loss_sum, denom, sums = batch_loss_terms(
+    loss_sum, denom, sums = self.objective.terms(
         logps, mb, ref_logps=ref, old_logps=self.train_cfg.old_logps,
         config=self.loss_cfg)
     return loss_sum, (denom, sums)
@@ -307,7 +389,7 @@ class Trainer:
     grads = jax.tree.map(lambda g: g * scale, grads)
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = finalize_train_metrics(loss_sum, denom, sums)
+    metrics = self.objective.finalize(loss_sum, denom, sums)
     metrics["grad_norm"] = optax.global_norm(grads)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
@@ -347,6 +429,10 @@ class Trainer:
     B, T = self.train_cfg.batch_size, self.train_cfg.seq_len
     arrays = {}
     for k, dt in BATCH_FIELDS.items():
+      if k not in batch and k not in _ALWAYS + self.objective.required:
+        # A field this objective does not read (e.g. advantages for SFT).
+        arrays[k] = jax.device_put(jnp.zeros((B, T), dt), self.batch_shardings[k])
+        continue
       if k not in batch:
         hint = (" (renamed from 'old_logps': the log-probs recorded when the tokens "
                 "were sampled)" if k == "sampler_logps" and "old_logps" in batch else "")
@@ -372,7 +458,10 @@ class Trainer:
         the update (e.g. `selfplay.build_batches`). A batch holds numpy or jax
         arrays, every field of `BATCH_FIELDS` as [train.batch_size,
         train.seq_len]; `advantages` and `role` may also be
-        [train.batch_size] (one sequence per row). Several batches give
+        [train.batch_size] (one sequence per row). Fields the objective does
+        not require (`Objective.required`; "sft" requires only "tokens",
+        "positions", "segment_ids" and "loss_mask") may be left out and are
+        then zeros. Several batches give
         exactly the update of one batch holding all their rows: gradient,
         loss (sum, denominator) and metric sums are added over the batches
         before the single update. One batch runs as one fused program;
@@ -380,7 +469,9 @@ class Trainer:
         once) and one update program.
 
     Returns:
-      (new state, metrics): `finalize_train_metrics` plus "grad_norm".
+      (new state, metrics): the objective's metrics ("grpo":
+      `finalize_train_metrics`; "sft": `sft.finalize_sft_metrics`) plus
+      "grad_norm".
 
     Raises:
       ValueError: for a missing field, a wrongly shaped field, or an empty

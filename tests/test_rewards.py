@@ -185,6 +185,14 @@ def test_window_statistics():
   np.testing.assert_allclose(s.win_rate[0], 0.625, atol=1e-6)
 
 
+def test_band_share_counts_played_envs_with_win_rate_in_the_band():
+  cfg = RewardConfig(credit_window=1, scale=1.0)
+  cohort = [env(0, 0.5, 0.5), env(0, 0.25, 0.5), env(1, 0.75, 0.9), env(1, 0.0, 0.0, "invalid")]
+  _, _, out = run_window(cohort, cfg)
+  # win rates .5 (in), .25 and .75 (out); the invalid slot never played and does not count.
+  assert float(out.metrics["win_rate_band_frac"]) == pytest.approx(1 / 3)
+
+
 def test_agent_advantages_group_zscore():
   buf = RegretBuffer.create(3, 4, 2, 2, 1)
   r = np.array([[1, 0, 0, 0], [1, 1, 0, 7], [1, 0, 1, 0]], np.float32)

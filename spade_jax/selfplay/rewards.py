@@ -278,6 +278,9 @@ def compute_rewards(buf: RegretBuffer, cfg: RewardConfig) -> RewardOutput:
       "w_mean": avg(stats.w),
       "plateau_frac": avg(((stats.w >= cfg.plateau_lo) & (stats.w <= cfg.plateau_hi))
                           .astype(jnp.float32)),
+      # Share of played envs whose unhinted win rate lies in the target band.
+      "win_rate_band_frac": avg(((stats.win_rate >= cfg.plateau_lo)
+                                 & (stats.win_rate <= cfg.plateau_hi)).astype(jnp.float32)),
   }
   return RewardOutput(raw=raw, stats=stats, agent_advantages=agent_advantages(buf, cfg),
                       metrics=metrics)

@@ -1,0 +1,59 @@
+"""What every part of the mechanism experiment shares: model, tokenizer, families, paths."""
+
+from __future__ import annotations
+
+import os
+
+from spade_jax.envs.families import FAMILIES, HELD_OUT, by_skill, seen_families
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results")
+RUNS = os.path.join(HERE, "runs")  # run workdirs (not committed; results/ is)
+
+# A Qwen3-shaped decoder of about 10.5M parameters (8 layers, width 320, GQA 5/1 heads,
+# tied 6,144-id embedding).
+MODEL = dict(vocab_size=6144, d_model=320, num_layers=8, num_heads=5, num_kv_heads=1,
+             head_dim=64, mlp_dim=864, tie_embeddings=True, max_position_embeddings=4096)
+SMOKE_MODEL = dict(MODEL, d_model=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                   head_dim=32, mlp_dim=128)
+VOCAB_SIZE = MODEL["vocab_size"]
+
+SETTING = "games"
+DESIGNER_PROMPT_TOKENS = 1024  # the run's designer prompt budget (chat markup included)
+MAX_TURNS = 12                 # the run's turn cap; every family's own TURNS is below it
+AGENT_TURN_TOKENS = 16         # "\boxed{...}" and the end-of-turn id fit easily
+ARMS = ("spade", "static", "solve_rate", "frozen_designer")
+SEEDS = (0, 1, 2)
+NUM_EXEMPLARS = 1              # memory exemplars per designer prompt (memory.num_exemplars)
+
+
+def seen() -> tuple[str, ...]:
+  """The families the experiment trains on (every family but the held-out one)."""
+  return seen_families()
+
+
+def skills() -> tuple[str, ...]:
+  """The skills the seen families cover, in a fixed order."""
+  return tuple(sorted(by_skill(seen())))
+
+
+def max_family_turns() -> int:
+  """The largest TURNS any family reaches at any level (must fit ``MAX_TURNS``)."""
+  return max(f.max_turns(**f.levels(level)) for f in FAMILIES.values() for level in range(5))
+
+
+def cache_dir() -> str:
+  """Where the tokenizer and the warm-start checkpoint are built ($SPADE_JAX_CACHE)."""
+  root = os.environ.get("SPADE_JAX_CACHE") or os.path.join(
+      os.path.expanduser("~"), ".cache", "spade_jax")
+  return os.path.join(root, "mechanism")
+
+
+def warm_start_dir(smoke: bool = False) -> str:
+  """The warm-start build directory (``hf/`` holds the checkpoint runs start from)."""
+  return os.path.join(cache_dir(), "warm_start_smoke" if smoke else "warm_start")
+
+
+__all__ = ["AGENT_TURN_TOKENS", "ARMS", "DESIGNER_PROMPT_TOKENS", "HELD_OUT", "MAX_TURNS",
+           "MODEL", "NUM_EXEMPLARS", "RESULTS", "RUNS", "SEEDS", "SETTING", "SMOKE_MODEL", "VOCAB_SIZE",
+           "cache_dir", "max_family_turns", "seen", "skills", "warm_start_dir"]

@@ -1,0 +1,123 @@
+"""The warm start's starting levels, measured the way the arms play.
+
+* agent: medium-level (level 2) episodes of every seen family through
+  ``selfplay.run_episodes`` with the run's agent sampling (T 0.6, top-p 0.95, top-k 20) and
+  greedily; the win rate is the fraction solved.
+* designer: designer prompts (the run's renderer, corpus and budget, no memory) sampled at
+  the run's designer sampling, validated by the run's validator; the valid rate, the rejection
+  reasons and which families and difficulty levels the valid programs are.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import time
+
+import jax
+
+from experiments.mechanism import common
+
+
+def _sampling(vocab, temperature: float):
+  from spade_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
+  return SamplingConfig(temperature=temperature, top_p=0.95 if temperature else 1.0,
+                        top_k=20 if temperature else 0, eos_id=vocab.eos_id,
+                        pad_id=vocab.pad_id)
+
+
+def family_of(source: str) -> tuple[str | None, int | None]:
+  """(family, mean difficulty level of its knobs) of a program written from a family.
+
+  The family is the one whose title starts the program; the level is the mean over knobs of
+  the level whose value is closest to the knob constant the program sets.
+  """
+  from spade_jax.envs.families import FAMILIES  # pylint: disable=g-import-not-at-top
+  for fam in FAMILIES.values():
+    if source.lstrip().startswith(f'"""{fam.title}"""'):
+      levels = []
+      for k in fam.knobs:
+        m = re.search(rf"^{k.name} = (-?\d+)", source, re.M)
+        if m:
+          v = int(m.group(1))
+          levels.append(min(range(len(k.levels)), key=lambda i: (abs(k.levels[i] - v), i)))
+      return fam.name, (sum(levels) / len(levels) if levels else None)
+  return None, None
+
+
+def agent_win_rate(pool, params, cfg, chat, *, families, level: int, episodes: int,
+                   temperature: float, seed: int = 0, max_slots: int = 32) -> dict:
+  """Win rate of the policy on ``episodes`` episodes per family at ``level``."""
+  from spade_jax import designer as dz  # pylint: disable=g-import-not-at-top
+  from spade_jax.envs.families import FAMILIES  # pylint: disable=g-import-not-at-top
+  from spade_jax.sampling import Sampler  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes  # pylint: disable=g-import-not-at-top
+  sources = [FAMILIES[f].program_at(level) for f in families]
+  specs = [EpisodeSpec(e, 20_000 + seed * 1000 + i) for e in range(len(families))
+           for i in range(episodes)]
+  sampler = Sampler(params, cfg, _sampling(chat.vocab, temperature), jax.random.key(seed))
+  eps = run_episodes(pool, sources, specs, sampler, chat, dz.agent_system_prompt("games"),
+                     max_turns=common.MAX_TURNS, max_turn_tokens=common.AGENT_TURN_TOKENS,
+                     max_len=3072, max_slots=max_slots)
+  per = collections.defaultdict(list)
+  for ep in eps:
+    per[families[ep.spec.env]].append(ep.solved)
+  return {"win_rate": sum(ep.solved for ep in eps) / len(eps),
+          "per_family": {f: sum(v) / len(v) for f, v in per.items()},
+          "outcomes": dict(collections.Counter(ep.outcome for ep in eps))}
+
+
+def designer_valid_rate(pool, params, cfg, chat, *, designs: int, seed: int = 0,
+                        max_new_tokens: int = 1400) -> dict:
+  """Valid rate of ``designs`` designer samples at the run's designer sampling."""
+  from spade_jax import designer as dz  # pylint: disable=g-import-not-at-top
+  from spade_jax import envs  # pylint: disable=g-import-not-at-top
+  from spade_jax.sampling import Sampler  # pylint: disable=g-import-not-at-top
+  from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  skills = common.skills()
+  corpus = data.corpus(tempfile.mkdtemp(prefix="mech_measure_"), seed=1234 + seed)
+  count = lambda t: len(chat.prompt(None, t))
+  prompts = [chat.prompt(None, dz.designer_prompt(
+      common.SETTING, skills[i % len(skills)], corpus.next(),
+      budget=common.DESIGNER_PROMPT_TOKENS, count=count)) for i in range(designs)]
+  sampler = Sampler(params, cfg, _sampling(chat.vocab, 0.6), jax.random.key(seed))
+  gen = sampler(prompts, max_new_tokens)
+  texts = [chat.vocab.decode(t) for t in gen.tokens]
+  verdicts = envs.validate_many(texts, pool, envs.ValidationConfig(
+      max_turns=common.MAX_TURNS, setting=common.SETTING))
+  reasons = collections.Counter(v.reason for v in verdicts if not v.valid)
+  fams = collections.Counter()
+  levels = []
+  for v in verdicts:
+    if v.valid:
+      name, level = family_of(v.source)
+      fams[name or "other"] += 1
+      if level is not None:
+        levels.append(level)
+  return {"valid_rate": sum(v.valid for v in verdicts) / len(verdicts),
+          "rejected": dict(reasons), "families": dict(fams),
+          "mean_level": sum(levels) / len(levels) if levels else None,
+          "finished_rate": sum(gen.finished) / len(gen.finished)}
+
+
+def starting_levels(hf_dir: str, *, episodes: int, designs: int) -> dict:
+  """Loads ``hf_dir`` and measures the agent and the designer (see the module docstring)."""
+  from spade_jax import models, sandbox  # pylint: disable=g-import-not-at-top
+  from spade_jax.models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  t0 = time.time()
+  params, cfg = models.load_hf(hf_dir)
+  chat = models.ChatTemplate(load_tokenizer(hf_dir), thinking=False)
+  with sandbox.EnvPool(sandbox.SandboxConfig()) as pool:
+    out = {
+        "agent_medium_sampled": agent_win_rate(pool, params, cfg, chat,
+                                               families=common.seen(), level=2,
+                                               episodes=episodes, temperature=0.6),
+        "agent_medium_greedy": agent_win_rate(pool, params, cfg, chat,
+                                              families=common.seen(), level=2,
+                                              episodes=episodes, temperature=0.0),
+        "designer": designer_valid_rate(pool, params, cfg, chat, designs=designs),
+    }
+  out["params"] = int(sum(x.size for x in jax.tree.leaves(params)))
+  out["seconds"] = time.time() - t0
+  return out

@@ -1,0 +1,218 @@
+r"""The mechanism experiment's table and plots, computed from the results JSON.
+
+  python -m experiments.mechanism.report [--results=experiments/mechanism/results]
+
+Reads every ``<arm>-<seed>.json`` that ``run.py`` wrote (``collect``: one run's series),
+and writes ``summary.json``, ``table.md`` and the PNGs into the results directory, and the
+table into ``README.md`` between its ``<!-- table -->`` markers. Per arm, over seeds, mean
+and 95% confidence interval (Student t, n - 1 degrees of freedom):
+
+* held-out success: ``eval/families/held_out/success`` at the run's last evaluation;
+* harder-range success: ``eval/families/harder/success`` at the last evaluation;
+* designer valid rate: ``designer/valid_rate`` over all iterations (arms with a designer);
+* band share: ``rewards/win_rate_band_frac``, the share of played envs whose unhinted win
+  rate lies in [0.4, 0.6], over all iterations;
+* regret trend: the least-squares slope of ``rewards/regret_mean`` over iterations (per 10
+  iterations).
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import json
+import math
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+
+SERIES = ("designer/valid_rate", "rewards/regret_mean", "rewards/win_rate_band_frac",
+          "rewards/win_rate_mean", "agent/reward_nohint", "agent/reward_hint",
+          "eval/families/held_out/success", "eval/families/harder/success")
+# t_{0.975, df} for small samples; larger df use 1.96.
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228}
+
+
+def collect(workdir: str, *, arm: str, seed: int) -> dict:
+  """One run's per-iteration series (``SERIES``) and its saved config, JSON-able."""
+  from spade_jax.metrics import read_metrics  # pylint: disable=g-import-not-at-top
+  rows = read_metrics(workdir)
+  series = {k: [[int(r["step"]), float(r[k])] for r in rows if k in r] for k in SERIES}
+  return {"arm": arm, "seed": seed, "iterations": max((int(r["step"]) for r in rows),
+                                                        default=0),
+          "series": series}
+
+
+def mean_ci(xs) -> tuple[float, float, int]:
+  """(mean, 95% CI half-width, n) of ``xs`` (half-width NaN for n < 2)."""
+  xs = [x for x in xs if x is not None and math.isfinite(x)]
+  n = len(xs)
+  if not n:
+    return float("nan"), float("nan"), 0
+  m = sum(xs) / n
+  if n < 2:
+    return m, float("nan"), n
+  sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
+  return m, _T975.get(n - 1, 1.96) * sd / math.sqrt(n), n
+
+
+def slope(points) -> float | None:
+  """Least-squares slope of [(x, y)], or None with fewer than two distinct x."""
+  if len({p[0] for p in points}) < 2:
+    return None
+  n = len(points)
+  mx = sum(p[0] for p in points) / n
+  my = sum(p[1] for p in points) / n
+  sxx = sum((p[0] - mx) ** 2 for p in points)
+  return sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
+
+
+def per_run(result: dict) -> dict:
+  """The table's quantities for one run (None where the run has no data)."""
+  s = result["series"]
+  last = lambda k: s[k][-1][1] if s.get(k) else None
+  avg = lambda k: sum(v for _, v in s[k]) / len(s[k]) if s.get(k) else None
+  trend = slope(s.get("rewards/regret_mean", []))
+  return {"held_out": last("eval/families/held_out/success"),
+          "harder": last("eval/families/harder/success"),
+          "valid_rate": avg("designer/valid_rate"),
+          "band_share": avg("rewards/win_rate_band_frac"),
+          "regret_trend": None if trend is None else 10 * trend,
+          "iterations": result["iterations"]}
+
+
+COLUMNS = (("held_out", "held-out success"), ("harder", "harder-range success"),
+           ("valid_rate", "designer valid rate"), ("band_share", "envs in [0.4, 0.6]"),
+           ("regret_trend", "regret trend / 10 it"))
+
+
+def summarize(results: list[dict]) -> dict:
+  """Arm -> column -> {mean, ci95, n}, plus the seeds and iterations run."""
+  by_arm = collections.defaultdict(list)
+  for r in results:
+    by_arm[r["arm"]].append(r)
+  out = {}
+  for arm, rs in sorted(by_arm.items()):
+    runs = [per_run(r) for r in rs]
+    out[arm] = {"seeds": sorted(r["seed"] for r in rs),
+                "iterations": [p["iterations"] for p in runs]}
+    for key, _ in COLUMNS:
+      m, ci, n = mean_ci([p[key] for p in runs])
+      out[arm][key] = {"mean": m, "ci95": ci, "n": n}
+  return out
+
+
+def table(summary: dict) -> str:
+  """The summary as a markdown table."""
+  fmt = lambda c: ("n/a" if c["n"] == 0 else f"{c['mean']:.3f}" if math.isnan(c["ci95"])
+                   else f"{c['mean']:.3f} ± {c['ci95']:.3f}")
+  head = "| arm | seeds | iterations | " + " | ".join(t for _, t in COLUMNS) + " |"
+  lines = [head, "|" + "---|" * (len(COLUMNS) + 3)]
+  for arm, row in summary.items():
+    lines.append(f"| {arm} | {len(row['seeds'])} | {min(row['iterations'])}"
+                 f"-{max(row['iterations'])} | "
+                 + " | ".join(fmt(row[k]) for k, _ in COLUMNS) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def plots(results: list[dict], out_dir: str) -> list[str]:
+  """Per series, each arm's mean over seeds against iteration (one PNG per series)."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  paths = []
+  for key in SERIES:
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    drawn = False
+    for arm in sorted({r["arm"] for r in results}):
+      pts = collections.defaultdict(list)
+      for r in results:
+        if r["arm"] == arm:
+          for it, v in r["series"].get(key, []):
+            pts[it].append(v)
+      if pts:
+        xs = sorted(pts)
+        ax.plot(xs, [sum(pts[x]) / len(pts[x]) for x in xs], marker="o", markersize=3,
+                label=arm)
+        drawn = True
+    if not drawn:
+      plt.close(fig)
+      continue
+    ax.set_title(key + " (mean over seeds)")
+    ax.set_xlabel("iteration")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = os.path.join(out_dir, key.replace("/", "_") + ".png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    paths.append(path)
+  return paths
+
+
+def load(results_dir: str) -> list[dict]:
+  """Every ``<arm>-<seed>.json`` under ``results_dir`` (smoke results excluded)."""
+  out = []
+  for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
+    if path.endswith(("summary.json", "-smoke.json")) or "warm_start" in path:
+      continue
+    with open(path) as f:
+      out.append(json.load(f))
+  return out
+
+
+def write_readme_table(readme: str, text: str) -> bool:
+  """Replaces what lies between ``<!-- table -->`` and ``<!-- /table -->`` in ``readme``."""
+  if not os.path.isfile(readme):
+    return False
+  doc = open(readme).read()
+  a, b = "<!-- table -->", "<!-- /table -->"
+  if a not in doc or b not in doc:
+    return False
+  new = doc[:doc.index(a) + len(a)] + "\n" + text + doc[doc.index(b):]
+  with open(readme, "w") as f:
+    f.write(new)
+  return True
+
+
+def report(results_dir: str, readme: str | None = None) -> dict:
+  """Writes summary.json, table.md, the plots and the README table; returns the summary."""
+  results = load(results_dir)
+  if not results:
+    raise FileNotFoundError(f"No <arm>-<seed>.json under {results_dir}; run "
+                            "`python -m experiments.mechanism.run --arm=... --seed=...` first.")
+  summary = summarize(results)
+  text = table(summary)
+  with open(os.path.join(results_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=1)
+  with open(os.path.join(results_dir, "table.md"), "w") as f:
+    f.write(text)
+  plots(results, results_dir)
+  if readme:
+    write_readme_table(readme, text)
+  return summary
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  results_dir = _RESULTS.value or common.RESULTS
+  readme = os.path.join(common.HERE, "README.md") if not _RESULTS.value else None
+  report(results_dir, readme)
+  print(open(os.path.join(results_dir, "table.md")).read())
+
+
+def _define_flags() -> None:
+  """The command line's flags (defined only when run as a program)."""
+  global _RESULTS
+  _RESULTS = flags.DEFINE_string("results", "", "Results directory (default results/).")
+
+
+if __name__ == "__main__":
+  _define_flags()
+  sys.exit(app.run(main))

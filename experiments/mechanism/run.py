@@ -1,0 +1,69 @@
+r"""Runs one arm x seed of the mechanism experiment, resumably, and writes its results JSON.
+
+  python -m experiments.mechanism.run --arm=spade --seed=0 [--smoke] [--workdir=DIR]
+
+Builds the warm start first if the cache lacks it (``warm_start.py``), runs the arm's config
+(``config.py``) in ``runs/<arm>-<seed>`` (a rerun resumes from the last checkpoint), then
+writes ``results/<arm>-<seed>.json`` (``report.collect``: the per-iteration series the
+report reads). ``python -m experiments.mechanism.report`` turns every results file into the
+table and plots.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from absl import app
+from absl import flags
+
+
+def run(arm: str, seed: int, *, smoke: bool = False, workdir: str = "",
+        results: str = "") -> str:
+  """Runs (or resumes) the arm and returns the path of its results JSON."""
+  from experiments.mechanism import common, config, report, warm_start  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay import loop  # pylint: disable=g-import-not-at-top
+  if arm not in common.ARMS:
+    raise ValueError(f"--arm={arm!r}; expected one of {list(common.ARMS)}.")
+  name = f"{arm}-{seed}" + ("-smoke" if smoke else "")
+  workdir = workdir or os.path.join(common.RUNS, name)
+  ws = common.warm_start_dir(smoke)
+  if not os.path.isfile(os.path.join(ws, "hf", "config.json")):
+    print(f"building the warm start in {ws} (once)", flush=True)
+    kw = dict(warm_start.DEFAULTS, **(warm_start.SMOKE_BUILD if smoke else {}))
+    warm_start.build(ws, smoke=smoke, **kw)
+  cfg = config.get_config(f"arm={arm},seed={seed}" + (",smoke" if smoke else ""))
+  loop.train(cfg, workdir)
+  out_dir = results or (workdir if smoke else common.RESULTS)
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, f"{name}.json")
+  data = report.collect(workdir, arm=arm, seed=seed)
+  with open(path + ".tmp", "w") as f:
+    json.dump(data, f, indent=1)
+  os.replace(path + ".tmp", path)
+  print(f"wrote {path}", flush=True)
+  return path
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  run(_ARM.value, _SEED.value, smoke=_SMOKE.value, workdir=_WORKDIR.value,
+      results=_RESULTS.value)
+
+
+def _define_flags() -> None:
+  """The command line's flags (defined only when run as a program)."""
+  global _ARM, _RESULTS, _SEED, _SMOKE, _WORKDIR
+  _ARM = flags.DEFINE_string("arm", "spade", "spade | static | solve_rate | frozen_designer.")
+  _SEED = flags.DEFINE_integer("seed", 0, "Run seed.")
+  _SMOKE = flags.DEFINE_bool("smoke", False, "A two-iteration run of a tiny model.")
+  _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (default runs/<arm>-<seed>).")
+  _RESULTS = flags.DEFINE_string("results", "", "Results directory (default results/, or the "
+                                 "workdir for --smoke).")
+
+
+if __name__ == "__main__":
+  _define_flags()
+  sys.exit(app.run(main))

@@ -1,0 +1,262 @@
+r"""Builds (or resumes) the warm-start checkpoint every arm of the experiment starts from.
+
+  python -m experiments.mechanism.warm_start [--steps=N] [--smoke]
+
+One command, cached under ``$SPADE_JAX_CACHE/mechanism/warm_start[_smoke]/``:
+
+1. ``tokenizer/``: a 6,144-id byte-level BPE trained offline (``tokenizers``) on the texts the
+   experiment reads and writes: designer prompts, family programs, agent transcripts.
+2. ``data.pkl``: the supervised rows (``data.py``): designer prompt -> family program at
+   random knob values, and agent transcripts of a noisy scripted player, hinted or not.
+3. ``train/``: next-token training of a Qwen3-shaped ~10.5M-parameter model with the library's
+   own trainer (``train.objective="sft"``: same model code, train state, sharded step),
+   AdamW with warm-up and cosine decay; checkpointed every ``--checkpoint_every`` steps and
+   resumed from the last one, so an interrupted build loses at most that many steps.
+4. ``hf/``: the final weights in Hugging Face format with the tokenizer (what the arms load
+   with ``model.init_from=hf:DIR``), written atomically.
+5. ``levels.json``: the starting levels, measured as the runs play (``measure.py``): the
+   agent's win rate on medium-difficulty episodes of the seen families, and the designer's
+   valid-program rate.
+
+Each stage is skipped when its output exists (``--force`` rebuilds from the data on).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import sys
+import tempfile
+import time
+
+from absl import app
+from absl import flags
+
+
+# The scripted player's slip probabilities and the level mix of its episodes.
+P_SLIP, P_SLIP_HINTED, HINTED_FRAC = 0.15, 0.05, 0.5
+AGENT_LEVELS = (0, 1, 1, 2, 2, 2, 3, 3, 4)
+
+
+def _log(msg: str) -> None:
+  print(f"[warm start {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def build_tokenizer(out: str, vocab_size: int) -> str:
+  """Trains the experiment's BPE vocabulary into ``out/tokenizer`` (once)."""
+  from spade_jax import designer as dz  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import ChatTemplate, ByteVocab  # pylint: disable=g-import-not-at-top
+  from spade_jax.models.tokenizer import train_bpe  # pylint: disable=g-import-not-at-top
+  from spade_jax import sandbox  # pylint: disable=g-import-not-at-top
+  from experiments.mechanism import common, data  # pylint: disable=g-import-not-at-top
+  path = os.path.join(out, "tokenizer")
+  if os.path.isfile(os.path.join(path, "tokenizer.json")):
+    return path
+  _log("training the BPE tokenizer")
+  chat = ChatTemplate(ByteVocab(), thinking=False)
+  texts = []
+  corpus = data.corpus(out, seed=99)
+  for ex in data.designer_examples(chat, corpus, 60, seed=99, families=common.seen(),
+                                   budget=None):
+    texts.append(chat.vocab.decode(ex.tokens))
+  with sandbox.EnvPool(sandbox.SandboxConfig()) as pool:
+    for ex in data.agent_examples(pool, chat, 120, seed=99, families=common.seen(),
+                                  levels=range(5), p=P_SLIP, p_hinted=P_SLIP_HINTED,
+                                  hinted_frac=HINTED_FRAC, max_turns=common.MAX_TURNS):
+      texts.append(chat.vocab.decode(ex.tokens))
+  texts.append(dz.agent_system_prompt(common.SETTING))
+  tmp = tempfile.mkdtemp(prefix=".tokenizer.", dir=out)
+  train_bpe(texts, vocab_size, tmp)
+  os.rename(tmp, path)
+  return path
+
+
+def build_data(out: str, chat, *, designer_rows: int, agent_rows: int) -> list:
+  """The supervised rows (cached in ``out/data.pkl``)."""
+  from spade_jax import sandbox  # pylint: disable=g-import-not-at-top
+  from experiments.mechanism import common, data  # pylint: disable=g-import-not-at-top
+  path = os.path.join(out, "data.pkl")
+  if os.path.isfile(path):
+    with open(path, "rb") as f:
+      return pickle.load(f)
+  t0 = time.time()
+  _log(f"writing {designer_rows} designer rows")
+  rows = data.designer_examples(chat, data.corpus(out, seed=0), designer_rows, seed=0,
+                                families=common.seen(), budget=common.DESIGNER_PROMPT_TOKENS,
+                                num_exemplars=common.NUM_EXEMPLARS)
+  _log(f"playing {agent_rows} scripted agent episodes in the sandbox")
+  with sandbox.EnvPool(sandbox.SandboxConfig()) as pool:
+    for start in range(0, agent_rows, 1000):
+      rows += data.agent_examples(pool, chat, min(1000, agent_rows - start), seed=start,
+                                  families=common.seen(), levels=AGENT_LEVELS, p=P_SLIP,
+                                  p_hinted=P_SLIP_HINTED, hinted_frac=HINTED_FRAC,
+                                  max_turns=common.MAX_TURNS)
+      _log(f"  {min(agent_rows, start + 1000)}/{agent_rows} episodes")
+  agent = [r for r in rows if r.role == data.AGENT]
+  stats = {"designer_rows": designer_rows, "agent_rows": len(agent),
+           "scripted_win_rate": sum(r.meta.get("solved", False) for r in agent) / len(agent),
+           "tokens": sum(len(r.tokens) for r in rows),
+           "trained_tokens": sum(sum(r.mask) for r in rows),
+           "longest": max(len(r.tokens) for r in rows), "seconds": time.time() - t0}
+  _log(f"data: {json.dumps(stats)}")
+  with open(os.path.join(out, "data_stats.json"), "w") as f:
+    json.dump(stats, f, indent=1)
+  with open(path + ".tmp", "wb") as f:
+    pickle.dump(rows, f)
+  os.replace(path + ".tmp", path)
+  return rows
+
+
+def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: int,
+          learning_rate: float, checkpoint_every: int, micro: int = 1):
+  """SFT with checkpoints under ``out/train``; returns the final params."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from spade_jax import checkpoint, parallel  # pylint: disable=g-import-not-at-top
+  from spade_jax.rl import (LossConfig, OptimizerConfig, TrainConfig,  # pylint: disable=g-import-not-at-top
+                            Trainer)
+  from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  mesh_cfg = parallel.MeshConfig()
+  mesh = parallel.make_mesh(mesh_cfg, jax.devices())
+  # Rematerialised layers and micro-batches bound the activations ([T, T] scores per head).
+  trainer = Trainer(dataclasses.replace(model_cfg, remat="full"), TrainConfig(batch_size, seq_len, micro, objective="sft"),
+                    LossConfig(kl_coef=0.0, aggregation="token_mean"),
+                    OptimizerConfig(learning_rate=learning_rate, schedule="cosine",
+                                    warmup_steps=min(100, steps // 10), total_steps=steps,
+                                    weight_decay=0.1, b1=0.9, b2=0.98),
+                    mesh, parallel.RULE_SETS[mesh_cfg.rules])
+  state = trainer.init_state(jax.random.key(0))
+  ckpt = checkpoint.Checkpointer(os.path.join(out, "train"), keep=2)
+  start = 0
+  if ckpt.latest_step() is not None:
+    state, _, host = ckpt.restore(state, {"step": np.zeros((), np.int32)})
+    start = int(host["step"])
+    _log(f"resumed at step {start}")
+  batches = data.pack(rows, batch_size, seq_len, seed=0)
+  for _ in range(start):  # the same batch order as an uninterrupted build
+    next(batches)
+  log = open(os.path.join(out, "train_log.jsonl"), "a")
+  t0, tokens = time.time(), 0
+  for step in range(start, steps):
+    batch = next(batches)
+    state, m = trainer.step(state, batch)
+    tokens += int(batch["loss_mask"].sum())
+    if (step + 1) % 10 == 0 or step + 1 == steps:
+      m = {k: float(v) for k, v in jax.device_get(m).items() if getattr(v, "ndim", 1) == 0}
+      rate = tokens / (time.time() - t0)
+      _log(f"step {step + 1}/{steps} loss {m.get('loss', float('nan')):.4f} "
+           f"({rate:.0f} trained tokens/s)")
+      log.write(json.dumps({"step": step + 1, **m}) + "\n")
+      log.flush()
+    if (step + 1) % checkpoint_every == 0 or step + 1 == steps:
+      ckpt.save(step + 1, state, {"step": np.asarray(step + 1, np.int32)},
+                {"step": step + 1})
+  log.close()
+  ckpt.close()
+  return state.params
+
+
+def export(out: str, params, model_cfg, tokenizer_dir: str) -> str:
+  """Writes ``out/hf`` (weights + tokenizer) atomically."""
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  path = os.path.join(out, "hf")
+  tmp = tempfile.mkdtemp(prefix=".hf.", dir=out)
+  models.save_hf(tmp, params, model_cfg)
+  models.copy_tokenizer_files(tokenizer_dir, tmp)
+  if os.path.isdir(path):
+    shutil.rmtree(path)
+  os.rename(tmp, path)
+  return path
+
+
+def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
+          learning_rate: float, designer_rows: int, agent_rows: int, checkpoint_every: int,
+          measure_episodes: int, measure_designs: int, num_microbatches: int = 1,
+          force: bool = False) -> dict:
+  """Runs every stage not yet done; returns the measured levels."""
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import ChatTemplate  # pylint: disable=g-import-not-at-top
+  from spade_jax.models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  from experiments.mechanism import common, measure  # pylint: disable=g-import-not-at-top
+  if common.max_family_turns() > common.MAX_TURNS:
+    raise ValueError(f"a family allows {common.max_family_turns()} turns, more than the "
+                     f"experiment's MAX_TURNS={common.MAX_TURNS}; raise MAX_TURNS.")
+  os.makedirs(out, exist_ok=True)
+  if force:
+    for name in ("data.pkl", "train", "hf", "levels.json", "train_log.jsonl"):
+      p = os.path.join(out, name)
+      shutil.rmtree(p) if os.path.isdir(p) else (os.path.exists(p) and os.remove(p))
+  shape = common.SMOKE_MODEL if smoke else common.MODEL
+  tok_dir = build_tokenizer(out, shape["vocab_size"])
+  vocab = load_tokenizer(tok_dir)
+  chat = ChatTemplate(vocab, thinking=False)
+  model_cfg = models.get_preset("tiny", **shape)
+  hf = os.path.join(out, "hf")
+  if not os.path.isfile(os.path.join(hf, "config.json")):
+    rows = build_data(out, chat, designer_rows=designer_rows, agent_rows=agent_rows)
+    params = train(out, model_cfg, rows, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                   learning_rate=learning_rate, checkpoint_every=checkpoint_every,
+                   micro=num_microbatches)
+    export(out, params, model_cfg, tok_dir)
+    _log(f"wrote {hf}")
+  levels_path = os.path.join(out, "levels.json")
+  if os.path.isfile(levels_path):
+    with open(levels_path) as f:
+      return json.load(f)
+  levels = measure.starting_levels(hf, episodes=measure_episodes, designs=measure_designs)
+  with open(levels_path, "w") as f:
+    json.dump(levels, f, indent=1)
+  _log(f"starting levels: {json.dumps(levels)}")
+  return levels
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  smoke = _SMOKE.value
+  out = _OUT.value or common.warm_start_dir(smoke)
+  kw = dict(steps=_STEPS.value, batch_size=_BATCH.value, seq_len=_SEQ.value,
+            learning_rate=_LR.value, designer_rows=_DESIGNER.value,
+            agent_rows=_AGENT.value, checkpoint_every=_CKPT.value,
+            measure_episodes=_MEASURE.value, measure_designs=_MEASURE_DESIGNS.value,
+            num_microbatches=_MICRO.value)
+  if smoke:
+    kw.update(SMOKE_BUILD)
+  levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
+  print(json.dumps(levels, indent=1))
+
+
+# What `python -m experiments.mechanism.warm_start` builds (the flags' defaults).
+DEFAULTS = dict(steps=130, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
+                agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
+                num_microbatches=4)
+SMOKE_BUILD = dict(steps=3, batch_size=8, num_microbatches=1, designer_rows=4, agent_rows=8, checkpoint_every=2,
+                   measure_episodes=1, measure_designs=2)
+
+
+def _define_flags() -> None:
+  """The command line's flags (defined only when run as a program)."""
+  global _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _SEQ, _SMOKE, _STEPS
+  _STEPS = flags.DEFINE_integer("steps", 130, "Optimizer steps.")
+  _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
+  _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
+  _MICRO = flags.DEFINE_integer("num_microbatches", 4, "Micro-batches per step (memory).")
+  _LR = flags.DEFINE_float("learning_rate", 2e-3, "Peak learning rate (cosine decay).")
+  _DESIGNER = flags.DEFINE_integer("designer_rows", 1000, "Designer prompt -> program rows.")
+  _AGENT = flags.DEFINE_integer("agent_rows", 4000, "Agent transcripts.")
+  _CKPT = flags.DEFINE_integer("checkpoint_every", 10, "Steps between checkpoints.")
+  _MEASURE = flags.DEFINE_integer("measure_episodes", 8,
+                                  "Medium-level episodes per seen family when measuring.")
+  _MEASURE_DESIGNS = flags.DEFINE_integer("measure_designs", 16, "Designer samples measured.")
+  _SMOKE = flags.DEFINE_bool("smoke", False, "A minutes-long build of a tiny model (tests).")
+  _FORCE = flags.DEFINE_bool("force", False, "Rebuild data, training and export.")
+  _OUT = flags.DEFINE_string("out", "", "Build directory (default: the cache's).")
+
+
+if __name__ == "__main__":
+  _define_flags()
+  sys.exit(app.run(main))

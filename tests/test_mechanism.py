@@ -1,0 +1,152 @@
+"""The mechanism experiment: warm-start data, the smoke build, one arm's smoke run, report."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pytest
+
+from experiments.mechanism import common, config, data, report
+from spade_jax import envs
+from spade_jax.envs.families import FAMILIES, HELD_OUT
+from spade_jax.models import ByteVocab, ChatTemplate
+
+
+@pytest.fixture(scope="module")
+def chat():
+  return ChatTemplate(ByteVocab(), thinking=False)
+
+
+@pytest.fixture(scope="module")
+def pool():
+  from spade_jax import sandbox
+  with sandbox.EnvPool(sandbox.SandboxConfig()) as p:
+    yield p
+
+
+def test_designer_rows_train_only_a_valid_family_program(chat, tmp_path, pool):
+  rows = data.designer_examples(chat, data.corpus(str(tmp_path), seed=0), 4, seed=0,
+                                families=common.seen(), budget=None)
+  assert {r.meta["skill"] for r in rows} <= set(common.skills())
+  assert all(r.meta["family"] != HELD_OUT for r in rows)
+  for r in rows:
+    target = [t for t, m in zip(r.tokens, r.mask) if m]
+    assert target[-1] == chat.vocab.eos_id
+    prompt_end = r.mask.index(True)
+    assert not any(r.mask[:prompt_end]) and all(r.mask[prompt_end:])
+    text = chat.vocab.decode(target[:-1])
+    fam = FAMILIES[r.meta["family"]]
+    assert envs.extract_program(text) == fam.program(**r.meta["knobs"]).rstrip()
+  verdicts = envs.validate_many([chat.vocab.decode(r.tokens[r.mask.index(True):])
+                                 for r in rows[:2]], pool,
+                                envs.ValidationConfig(max_turns=common.MAX_TURNS))
+  assert all(v.valid for v in verdicts), [v.reason for v in verdicts]
+
+
+def test_agent_rows_are_the_self_play_conversation(chat, pool):
+  rows = data.agent_examples(pool, chat, 6, seed=3, families=("guess_number",), levels=(0,),
+                             p=0.0, p_hinted=0.0, hinted_frac=0.5,
+                             max_turns=common.MAX_TURNS)
+  assert len(rows) == 6 and all(r.meta["solved"] for r in rows)  # no slips: every play wins
+  for r in rows:
+    text = chat.vocab.decode(r.tokens)
+    assert text.startswith("<|im_start|>system\n")
+    assert ("Hint:" in text) == bool(r.meta["hinted"])
+    trained = [t for t, m in zip(r.tokens, r.mask) if m]
+    turns = trained.count(chat.vocab.eos_id)  # each trained turn ends at the turn end
+    acts = "".join(chat.vocab.decode(trained[i:i + 1]) for i in range(len(trained)))
+    assert acts.count("\\boxed{") == turns >= 1
+    # Only the agent's turns are trained: the environment's text never is.
+    assert "too low" not in acts and "too high" not in acts
+
+
+def test_slips_lower_the_scripted_win_rate(chat, pool):
+  kw = dict(families=("arithmetic_chain",), levels=(4,), hinted_frac=0.0,
+            max_turns=common.MAX_TURNS)
+  clean = data.agent_examples(pool, chat, 12, seed=1, p=0.0, p_hinted=0.0, **kw)
+  noisy = data.agent_examples(pool, chat, 12, seed=1, p=0.5, p_hinted=0.5, **kw)
+  win = lambda rows: sum(r.meta["solved"] for r in rows) / len(rows)
+  assert win(clean) == 1.0 and win(noisy) < 0.5
+
+
+def test_pack_keeps_every_token_in_its_own_segment():
+  ex = [data.Example(list(range(1, n + 1)), [i % 2 == 0 for i in range(n)], i % 2)
+        for i, n in enumerate([5, 9, 3, 7, 2, 6])]
+  batch = next(data.pack(ex, batch_size=2, seq_len=16, seed=0))
+  assert batch["tokens"].shape == (2, 16)
+  seen = []
+  for r in range(2):
+    for s in range(1, batch["segment_ids"][r].max() + 1):
+      at = batch["segment_ids"][r] == s
+      seen.append(batch["tokens"][r][at].tolist())
+      np.testing.assert_array_equal(batch["positions"][r][at], np.arange(at.sum()))
+  assert sorted(map(tuple, seen)) <= sorted(tuple(e.tokens) for e in ex)
+  with pytest.raises(ValueError, match="seq_len"):
+    next(data.pack(ex, batch_size=2, seq_len=4, seed=0))
+
+
+def test_static_pool_holds_every_seen_family_at_every_level(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPADE_JAX_CACHE", str(tmp_path))
+  rows = [json.loads(l) for l in open(config.static_pool_path())]
+  assert len(rows) == 5 * len(common.seen())
+  assert not any(r["id"].startswith(HELD_OUT + ":") for r in rows)
+
+
+def test_arm_configs_differ_only_where_the_arm_says(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPADE_JAX_CACHE", str(tmp_path))
+  flat = lambda c: {f"{k}.{j}": w for k, v in c.to_dict().items()
+                    for j, w in (v.items() if isinstance(v, dict) else [("", v)])}
+  base = flat(config.get_config("arm=spade,seed=1"))
+  diffs = {arm: {k for k, v in flat(config.get_config(f"arm={arm},seed=1")).items()
+                 if base.get(k) != v} for arm in common.ARMS}
+  assert diffs == {"spade": set(), "solve_rate": {"rewards.variant"},
+                   "frozen_designer": {"selfplay.train_designer"},
+                   "static": {"selfplay.env_source", "static_pool.path"}}
+  # The same agent-play budget in every arm.
+  assert base["selfplay.plays"] * base["selfplay.num_envs"] == 32
+  with pytest.raises(ValueError, match="Unknown arm"):
+    config.get_config("arm=nope")
+
+
+def test_report_table_is_computed_from_the_results(tmp_path):
+  def result(arm, seed, held):
+    return {"arm": arm, "seed": seed, "iterations": 3, "series": {
+        "eval/families/held_out/success": [[2, 0.0], [3, held]],
+        "rewards/regret_mean": [[1, 0.0], [2, 0.1 * seed], [3, 0.2 * seed]],
+        "rewards/win_rate_band_frac": [[1, 0.5], [2, 0.25], [3, 0.0]],
+        "designer/valid_rate": [[1, 1.0]]}}
+  for arm, held in (("spade", (0.2, 0.4, 0.6)), ("static", (0.1, 0.1, 0.1))):
+    for seed, h in enumerate(held):
+      with open(tmp_path / f"{arm}-{seed}.json", "w") as f:
+        json.dump(result(arm, seed, h), f)
+  (tmp_path / "README.md").write_text("x\n<!-- table -->\nold\n<!-- /table -->\ny\n")
+  s = report.report(str(tmp_path), readme=str(tmp_path / "README.md"))
+  # mean 0.4, sd 0.2, t(2) = 4.303: half-width 4.303 * 0.2 / sqrt(3)
+  assert s["spade"]["held_out"]["mean"] == pytest.approx(0.4)
+  assert s["spade"]["held_out"]["ci95"] == pytest.approx(4.303 * 0.2 / math.sqrt(3))
+  assert s["static"]["held_out"]["ci95"] == pytest.approx(0.0, abs=1e-12)
+  # regret slopes 0, 0.1, 0.2 per iteration -> per 10 iterations 0, 1, 2 -> mean 1
+  assert s["spade"]["regret_trend"]["mean"] == pytest.approx(1.0)
+  assert s["spade"]["band_share"]["mean"] == pytest.approx(0.25)
+  readme = (tmp_path / "README.md").read_text()
+  assert "old" not in readme and "| spade | 3 |" in readme and readme.endswith("y\n")
+  assert (tmp_path / "eval_families_held_out_success.png").is_file()
+
+
+def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
+  """The committed commands at smoke size: the warm start, then one arm, then its JSON."""
+  from experiments.mechanism import run, warm_start
+  monkeypatch.setenv("SPADE_JAX_CACHE", str(tmp_path / "cache"))
+  ws = common.warm_start_dir(smoke=True)
+  levels = warm_start.build(ws, smoke=True, **dict(warm_start.DEFAULTS,
+                                                   **warm_start.SMOKE_BUILD))
+  assert os.path.isfile(os.path.join(ws, "hf", "config.json"))
+  assert set(levels) >= {"agent_medium_sampled", "agent_medium_greedy", "designer"}
+  assert 0.0 <= levels["designer"]["valid_rate"] <= 1.0
+  assert json.load(open(os.path.join(ws, "levels.json"))) == levels
+  path = run.run("static", 0, smoke=True, workdir=str(tmp_path / "run"))
+  out = json.load(open(path))
+  assert out["arm"] == "static" and out["iterations"] == 2
+  assert [it for it, _ in out["series"]["eval/families/held_out/success"]] == [1, 2]
+  assert len(out["series"]["rewards/win_rate_band_frac"]) == 2

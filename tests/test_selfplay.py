@@ -165,6 +165,10 @@ def test_progress_line_mentions_every_phase():
   assert line.startswith("iter 1/3 | design valid 1/4 [no_code=1 syntax=2]")
   assert "regret +0.250" in line and "nohint 0.100 hint 0.350" in line
   assert "design 1.0s" in line and "play 2.0s" in line and "train 0.5s" in line
+  line = progress_line(0, 1, {"eval/families/held_out/success": 0.5,
+                              "eval/families/success/guess_number/3": 1.0,
+                              "eval/bfcl/accuracy": 0.25})
+  assert line.endswith("| eval bfcl/accuracy 0.250 families/held_out/success 0.500")
 
 
 def test_smoke_run_two_iterations_then_resume(tmp_path):

@@ -50,8 +50,9 @@ def progress_line(it: int, total: int, m: Mapping[str, float]) -> str:
          f" tis w {m['train/tis_weight_mean']:.3f} [{m['train/tis_weight_min']:.2f},"
          f" {m['train/tis_weight_max']:.2f}]")
   times = " ".join(f"{k[5:]} {v:.1f}s" for k, v in m.items() if k.startswith("time/"))
+  # Suite-level scores (a suite's `<group>/<metric>` too), not per-item breakdowns.
   evals = " ".join(f"{k[5:]} {v:.3f}" for k, v in sorted(m.items()) if k.startswith("eval/")
-                   and k.count("/") == 2)
+                   and 2 <= k.count("/") <= 3 and not k.split("/", 2)[2].startswith("success/"))
   return (f"iter {it + 1}/{total} | {design}{credit}"
           f" | regret {m.get('rewards/regret_mean', 0):+.3f}"
           f" | reward nohint {m.get('agent/reward_nohint', 0):.3f}"

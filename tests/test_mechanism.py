@@ -145,6 +145,10 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   assert set(levels) >= {"agent_medium_sampled", "agent_medium_greedy", "designer"}
   assert 0.0 <= levels["designer"]["valid_rate"] <= 1.0
   assert json.load(open(os.path.join(ws, "levels.json"))) == levels
+  rec = json.load(open(warm_start.write_results(ws, warm_start.SMOKE_BUILD, levels,
+                                                str(tmp_path / "warm_start.json"))))
+  assert rec["levels"] == levels and rec["data"]["designer_rows"] == 4
+  assert [s for s, _ in rec["loss"]] == [3]  # logged every 10 steps and at the last
   path = run.run("static", 0, smoke=True, workdir=str(tmp_path / "run"))
   out = json.load(open(path))
   assert out["arm"] == "static" and out["iterations"] == 2

@@ -228,10 +228,28 @@ def main(argv):
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
   print(json.dumps(levels, indent=1))
+  if not smoke and not _OUT.value:
+    path = write_results(out, kw, levels, os.path.join(common.RESULTS, "warm_start.json"))
+    print(f"wrote {path}")
+
+
+def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
+  """The warm start's record for the report: build settings, data, loss curve, levels."""
+  def read(name):
+    p = os.path.join(out, name)
+    return json.load(open(p)) if os.path.isfile(p) else None
+  log = os.path.join(out, "train_log.jsonl")
+  curve = ([json.loads(l) for l in open(log) if l.strip()] if os.path.isfile(log) else [])
+  record = {"build": build_kw, "data": read("data_stats.json"),
+            "loss": [[r["step"], r.get("loss")] for r in curve], "levels": levels}
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    json.dump(record, f, indent=1)
+  return path
 
 
 # What `python -m experiments.mechanism.warm_start` builds (the flags' defaults).
-DEFAULTS = dict(steps=130, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
+DEFAULTS = dict(steps=70, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4)
 SMOKE_BUILD = dict(steps=3, batch_size=8, num_microbatches=1, designer_rows=4, agent_rows=8, checkpoint_every=2,
@@ -241,7 +259,7 @@ SMOKE_BUILD = dict(steps=3, batch_size=8, num_microbatches=1, designer_rows=4, a
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
   global _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _SEQ, _SMOKE, _STEPS
-  _STEPS = flags.DEFINE_integer("steps", 130, "Optimizer steps.")
+  _STEPS = flags.DEFINE_integer("steps", 70, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
   _MICRO = flags.DEFINE_integer("num_microbatches", 4, "Micro-batches per step (memory).")

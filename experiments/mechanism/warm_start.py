@@ -188,7 +188,10 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   if force:
     for name in ("data.pkl", "train", "hf", "levels.json", "train_log.jsonl"):
       p = os.path.join(out, name)
-      shutil.rmtree(p) if os.path.isdir(p) else (os.path.exists(p) and os.remove(p))
+      if os.path.isdir(p):
+        shutil.rmtree(p)
+      elif os.path.exists(p):
+        os.remove(p)
   shape = common.SMOKE_MODEL if smoke else common.MODEL
   tok_dir = build_tokenizer(out, shape["vocab_size"])
   vocab = load_tokenizer(tok_dir)

@@ -38,7 +38,7 @@ EVAL_EVERY, EVAL_SEEDS = 5, 4
 LEARNING_RATE = 5e-5
 
 
-def static_pool_path(smoke: bool = False) -> str:
+def static_pool_path() -> str:
   """The static arm's pool (JSONL): every seen family at every difficulty level."""
   from spade_jax.envs.families import FAMILIES, NUM_LEVELS  # pylint: disable=g-import-not-at-top
   path = os.path.join(common.cache_dir(), "static_pool.jsonl")
@@ -50,7 +50,6 @@ def static_pool_path(smoke: bool = False) -> str:
     with open(path + ".tmp", "w") as f:
       f.write(text)
     os.replace(path + ".tmp", path)
-  del smoke
   return path
 
 

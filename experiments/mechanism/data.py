@@ -30,6 +30,7 @@ import numpy as np
 from spade_jax import designer as dz
 from spade_jax import envs
 from spade_jax.envs.families import FAMILIES, Family, by_skill
+from spade_jax.envs.families.noisy import noisy_action
 from spade_jax.models.chat import ChatTemplate
 from spade_jax.rl import ROLES
 
@@ -154,11 +155,8 @@ def _play(pool, chat, system, plays, rng, p, p_hinted, max_turns) -> list[Exampl
       actions = []
       for i, plan in zip(live, plans):
         fam, knobs, _, _ = plays[i]
-        steps = plan.value if plan.ok and plan.value else [""]
-        act = str(steps[0])
-        if rng.random() < (p_hinted if hints[i] else p):
-          act = fam.perturb(rng, act, knobs)
-        text = "\\boxed{" + act + "}"
+        text = noisy_action(fam, plan.value if plan.ok else None, rng,
+                            p_hinted if hints[i] else p, knobs)
         _add(rows[i], chat.vocab.encode(text) + [chat.vocab.eos_id], True)
         actions.append(text)
       still = []

@@ -55,11 +55,7 @@ def noisy_play(pool: EnvPool, family: Family, knobs: Mapping[str, int], seeds: S
       plans = pool.call_many([handles[i] for i in live], "solution")
       actions = []
       for i, plan in zip(live, plans):
-        steps = _ok(plan, family, "solution") or [""]
-        act = str(steps[0])
-        if rngs[i].random() < p:
-          act = family.perturb(rngs[i], act, values)
-        actions.append("\\boxed{" + act + "}")
+        actions.append(noisy_action(family, _ok(plan, family, "solution"), rngs[i], p, values))
       results = pool.step_many([handles[i] for i in live], actions)
       still = []
       for i, r in zip(live, results):
@@ -77,6 +73,16 @@ def noisy_play(pool: EnvPool, family: Family, knobs: Mapping[str, int], seeds: S
   return solved
 
 
+def noisy_action(family: Family, plan, rng: random.Random, p: float,
+                 knobs: Mapping[str, int]) -> str:
+  """The scripted player's turn: ``\\boxed{}`` of the plan's first action, or with
+  probability ``p`` of ``family.perturb``'s random plausible action instead."""
+  act = str((plan or [""])[0])
+  if rng.random() < p:
+    act = family.perturb(rng, act, knobs)
+  return "\\boxed{" + act + "}"
+
+
 def noisy_win_rate(pool: EnvPool, family: Family, knobs: Mapping[str, int],
                    seeds: Sequence[int], p: float, noise_seed: int = 0) -> float:
   """The fraction of :func:`noisy_play`'s episodes that were solved."""
@@ -90,4 +96,4 @@ def _ok(res, family: Family, what: str):
   return res.value
 
 
-__all__ = ["noisy_play", "noisy_win_rate"]
+__all__ = ["noisy_action", "noisy_play", "noisy_win_rate"]

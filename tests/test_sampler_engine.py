@@ -1,5 +1,5 @@
 """Engine: multi-turn continuation vs re-prefill, slot refill vs alone, stop strings,
-compaction, min-p, sharded layout and weight handoff."""
+per-row cache ends, min-p, sharded layout and weight handoff."""
 
 import dataclasses
 
@@ -104,12 +104,14 @@ def test_slot_refill_equals_each_request_alone(params, layer_cache, decode_layou
   base = jax.random.key(5)
   reqs = [Request([3 + i] * (2 + 3 * i), 4 + 5 * (i % 3), jax.random.fold_in(base, i))
           for i in range(6)]
-  # Two slots only, a small cache: forces refills and compaction.
+  # Two slots only, a small cache: forces refills; a refill extends one row alone.
   eng = _engine(params, rule, max_len=64, layer_cache=layer_cache, decode_layout=decode_layout)
   assert eng.feature_major == (decode_layout == "feature_major")
   together = serve(eng, reqs, slots=[1, 3])
   assert {c.slot for c in together} == {1, 3}
-  assert ("compact",) in eng.programs
+  assert any(p[0] == "extend" and p[1] == 2 for p in eng.programs)
+  # Every finished request released its row: the rows are empty again.
+  assert not eng.lengths.any() and not np.asarray(eng.state.lengths).any()
   alone_eng = _engine(params, rule, max_len=64, layer_cache=layer_cache)
   for r, c in zip(reqs, together):
     (a,) = serve(alone_eng, [r], slots=[0])
@@ -149,8 +151,8 @@ def test_stop_string_spanning_tokens_truncates_cache(params):
 
 @pytest.mark.parametrize("layer_cache", ["per_layer", "stacked"])
 def test_prefill_in_pieces_equals_one_piece_and_full_forward(params, layer_cache):
-  # 16-token pieces: a 45-token prompt goes in 3 pieces (plus one skipped
-  # all-padding piece), each attending over a shorter cache prefix.
+  # 16-token pieces: a 45-token prompt goes in 3 pieces, each attending over a
+  # shorter cache prefix; later pieces run only the rows that still have tokens.
   rule = SamplingConfig(temperature=1.0, eos_id=-1)
   prompts = {0: list(range(3, 48)), 1: [9, 8, 7], 2: list(range(60, 80))}
   keys = {i: jax.random.key(20 + i) for i in prompts}
@@ -159,8 +161,10 @@ def test_prefill_in_pieces_equals_one_piece_and_full_forward(params, layer_cache
     eng = _engine(params, rule, max_len=256, layer_cache=layer_cache, prefill_chunk=chunk)
     eng.extend(prompts, keys)
     outs.append(eng.decode({i: 12 for i in prompts}))
-    spans = sorted({p[2] for p in eng.programs if p[0] == "extend"})
+    spans = sorted({p[3] for p in eng.programs if p[0] == "extend"})
     assert spans == ([16, 32, 64] if chunk == 16 else [64])
+    rows = sorted({p[1] for p in eng.programs if p[0] == "extend"})
+    assert rows == ([2, 4] if chunk == 16 else [4])
   for i, prompt in prompts.items():
     assert outs[0][i][0] == outs[1][i][0]
     np.testing.assert_allclose(outs[0][i][1], outs[1][i][1], atol=1e-5)

@@ -68,13 +68,13 @@ def main(argv):
                               max_len=engine_lib.bucket(P) + engine_lib.bucket(N), rule=rule,
                               cache_dtype="float32")
       eng.extend(dict(enumerate(prompts)), {b: jax.random.key(b) for b in range(B)})
-      state, ptr = eng.state, np.int32(eng.ptr)
+      state = eng.state
       active, budget = np.ones(B, bool), np.full(B, N, np.int32)
       fns = {}
       for name in VARIANTS:
         vcfg = dataclasses.replace(cfg, decode_attention=name)
         fns[name] = jax.jit(lambda dp, st, vcfg=vcfg: engine_lib.decode_loop(
-            dp, st, ptr, active, budget, np.bool_(False), cfg=vcfg,
+            dp, st, active, budget, np.bool_(False), cfg=vcfg,
             rule=eng._device_rule,  # pylint: disable=protected-access
             steps=N, feature_major=eng.feature_major)[1])
         jax.block_until_ready(fns[name](eng.decode_params, state))
@@ -89,7 +89,7 @@ def main(argv):
       ms = {name: statistics.median(t) for name, t in times.items()}
       change = {name: statistics.median(o - x for o, x in zip(times["auto"], times[name]))
                 for name in VARIANTS[1:]}
-      print(f"{size:5s} batch {B:3d} prompt {P:4d} new {N:4d} cache {eng.max_len:5d}: "
+      print(f"{size:5s} batch {B:3d} prompt {P:4d} new {N:4d} cache {eng.cache_len:5d}: "
             f"auto {ms['auto']:7.2f}  dot {ms['dot']:7.2f}  blocks {ms['blocks']:7.2f} ms/step  "
             f"auto-dot {change['dot']:+6.2f}  auto-blocks {change['blocks']:+6.2f} ms  "
             f"same tokens {same}", flush=True)

@@ -76,16 +76,16 @@ def main(argv):
   rounds = [one_round() for _ in range(_REPEATS.value)]
   prefill, decode, eng = sorted(rounds, key=lambda r: r[1])[len(rounds) // 2]
   cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(eng.state.cache))
-  # Decode step i reads the blocks before the write pointer ptr0 + i + 1.
-  blk = live_block(eng.max_len)
-  ptr0 = eng.ptr - new
-  read = np.mean([-(-(ptr0 + i + 1) // blk) * blk for i in range(new)]) / eng.max_len
+  # Decode step i reads the blocks before the longest row's end ptr0 + i + 1.
+  blk = live_block(eng.cache_len)
+  ptr0 = int(eng.lengths.max()) - new
+  read = np.mean([-(-(ptr0 + i + 1) // blk) * blk for i in range(new)]) / eng.cache_len
   step_bytes = param_bytes + cache_bytes * read
   result = dict(
       device=str(jax.devices()[0].device_kind), smoke=smoke, batch=batch, prompt=plen,
       new=new, params=n_params, param_bytes=param_bytes, cache_bytes=cache_bytes,
       cache_fraction_read=float(read),
-      cache_len=eng.max_len, prefill_s=prefill, decode_s=decode,
+      cache_len=eng.cache_len, prefill_s=prefill, decode_s=decode,
       decode_tokens_per_s=batch * new / decode, decode_steps_per_s=new / decode,
       step_ms=1e3 * decode / new,
       achieved_bandwidth_gb_s=step_bytes * new / decode / 1e9,

@@ -110,7 +110,7 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int) -> list:
 
 
 def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: int,
-          learning_rate: float, checkpoint_every: int, micro: int = 1):
+          learning_rate: float, checkpoint_every: int, micro: int = 1, remat: str = "full"):
   """SFT with checkpoints under ``out/train``; returns the final params."""
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -122,7 +122,7 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
   mesh_cfg = parallel.MeshConfig()
   mesh = parallel.make_mesh(mesh_cfg, jax.devices())
   # Rematerialised layers and micro-batches bound the activations ([T, T] scores per head).
-  trainer = Trainer(dataclasses.replace(model_cfg, remat="full"), TrainConfig(batch_size, seq_len, micro, objective="sft"),
+  trainer = Trainer(dataclasses.replace(model_cfg, remat=remat), TrainConfig(batch_size, seq_len, micro, objective="sft"),
                     LossConfig(kl_coef=0.0, aggregation="token_mean"),
                     OptimizerConfig(learning_rate=learning_rate, schedule="cosine",
                                     warmup_steps=min(100, steps // 10), total_steps=steps,
@@ -175,7 +175,7 @@ def export(out: str, params, model_cfg, tokenizer_dir: str) -> str:
 def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
           learning_rate: float, designer_rows: int, agent_rows: int, checkpoint_every: int,
           measure_episodes: int, measure_designs: int, num_microbatches: int = 1,
-          force: bool = False) -> dict:
+          remat: str = "full", force: bool = False) -> dict:
   """Runs every stage not yet done; returns the measured levels."""
   from spade_jax import models  # pylint: disable=g-import-not-at-top
   from spade_jax.models import ChatTemplate  # pylint: disable=g-import-not-at-top
@@ -202,7 +202,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
     rows = build_data(out, chat, designer_rows=designer_rows, agent_rows=agent_rows)
     params = train(out, model_cfg, rows, steps=steps, batch_size=batch_size, seq_len=seq_len,
                    learning_rate=learning_rate, checkpoint_every=checkpoint_every,
-                   micro=num_microbatches)
+                   micro=num_microbatches, remat=remat)
     export(out, params, model_cfg, tok_dir)
     _log(f"wrote {hf}")
   levels_path = os.path.join(out, "levels.json")
@@ -226,7 +226,7 @@ def main(argv):
             learning_rate=_LR.value, designer_rows=_DESIGNER.value,
             agent_rows=_AGENT.value, checkpoint_every=_CKPT.value,
             measure_episodes=_MEASURE.value, measure_designs=_MEASURE_DESIGNS.value,
-            num_microbatches=_MICRO.value)
+            num_microbatches=_MICRO.value, remat=_REMAT.value)
   if smoke:
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
@@ -254,18 +254,20 @@ def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
 # What `python -m experiments.mechanism.warm_start` builds (the flags' defaults).
 DEFAULTS = dict(steps=110, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
-                num_microbatches=4)
+                num_microbatches=4, remat="none")
 SMOKE_BUILD = dict(steps=3, batch_size=8, num_microbatches=1, designer_rows=4, agent_rows=8, checkpoint_every=2,
                    measure_episodes=1, measure_designs=2)
 
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _SEQ, _SMOKE, _STEPS
+  global _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _REMAT, _SEQ, _SMOKE, _STEPS
   _STEPS = flags.DEFINE_integer("steps", 110, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
   _MICRO = flags.DEFINE_integer("num_microbatches", 4, "Micro-batches per step (memory).")
+  _REMAT = flags.DEFINE_enum("remat", "none", ["none", "full"],
+                             "Layer rematerialisation (\"full\" trades ~30% speed for memory).")
   _LR = flags.DEFINE_float("learning_rate", 2e-3, "Peak learning rate (cosine decay).")
   _DESIGNER = flags.DEFINE_integer("designer_rows", 1000, "Designer prompt -> program rows.")
   _AGENT = flags.DEFINE_integer("agent_rows", 4000, "Agent transcripts.")

@@ -283,7 +283,7 @@ def run_bfcl(policy, chat, cfg: BFCLConfig, *, pool=None, progress=None) -> Suit
   try:
     keys = sample_keys(cfg.seed, len(entries) // cfg.samples, cfg.samples)
     converse(policy, cfg, first, [keys[i] for i in active], respond,
-             max_len=2 * cfg.max_len)
+             max_len=cfg.max_len)
   finally:
     for n in name:
       _forget(n)

@@ -262,7 +262,7 @@ def _wave(policy, chat, cfg: FamiliesConfig, pool, plays: Sequence[Play], keys,
           on_end()
       return nxt
 
-    converse(policy, cfg, first, [keys[j] for j in live], respond, max_len=2 * cfg.max_len)
+    converse(policy, cfg, first, [keys[j] for j in live], respond, max_len=cfg.max_len)
   finally:
     pool.release(handles)
 

@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 
 import jax
 
-from spade_jax.sampling import Output, Sampler, Turn, bucket, schedule
+from spade_jax.sampling import Output, Sampler, Turn, schedule
 
 Respond = Callable[[dict[int, Output]], dict[int, Turn | None]]
 
@@ -105,7 +105,7 @@ def converse(policy, cfg, first: Sequence[Turn], keys: Sequence[jax.Array],
     keys: each conversation's key (see :func:`sample_keys`).
     respond: after each decode round, conversation -> output for those that decoded;
       returns conversation -> next turn, or None when it has ended.
-    max_len: KV-cache entries per row: the longest transcript plus one appended chunk.
+    max_len: tokens one engine row holds at most (the longest transcript, turns included).
     refill_early: end a decode round as soon as one row stops while conversations wait
       (one-shot completions); see ``sampling.schedule``.
   """
@@ -155,10 +155,8 @@ def complete(policy, cfg, prompts: Sequence[Sequence[int]], *,
       progress(done[0], n)
     return nxt
 
-  # Rows share the engine's write pointer: the cache holds the fullest row plus the
-  # largest chunk any row appends next (a prompt, or a remaining token budget).
-  longest = max(len(p) for p in prompts)
-  max_len = longest + cfg.max_new_tokens + max(cfg.max_new_tokens, bucket(longest))
+  # A row holds one prompt and its completion.
+  max_len = max(len(p) for p in prompts) + cfg.max_new_tokens
   converse(policy, cfg, first, keys, respond, max_len=max_len, refill_early=True)
   return out
 

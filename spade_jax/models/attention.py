@@ -290,21 +290,42 @@ def write_cache(cache_kv, k, v, cache_index):
       buffers [B, K, E, S] / [B, K, S, E] (layer a Python int).
     k: keys [B, K, E, T].
     v: values [B, K, T, E].
-    cache_index: scalar index along S of the chunk's first entry.
+    cache_index: index along S of the chunk's first entry: a scalar (every row
+      writes there) or [B] (row b writes at cache_index[b]; the caller keeps
+      index + T within S, since an index past it is clamped).
 
   Returns:
     (that layer's keys [B, K, E, S], its values [B, K, S, E], the updated
     (k_all, v_all)).
   """
   ck_all, cv_all, layer = cache_kv
+  per_row = jnp.ndim(cache_index) == 1
   if isinstance(ck_all, tuple):  # per-layer buffers: no layer slice to copy
-    ck = jax.lax.dynamic_update_slice(ck_all[layer], k.astype(ck_all[layer].dtype),
-                                      (0, 0, 0, cache_index))
-    cv = jax.lax.dynamic_update_slice(cv_all[layer], v.astype(cv_all[layer].dtype),
-                                      (0, 0, cache_index, 0))
+    ck, cv = ck_all[layer], cv_all[layer]
+    k, v = k.astype(ck.dtype), v.astype(cv.dtype)
+    if per_row:
+      ck = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, 0, i)))(
+          ck, k, cache_index)
+      cv = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, i, 0)))(
+          cv, v, cache_index)
+    else:
+      ck = jax.lax.dynamic_update_slice(ck, k, (0, 0, 0, cache_index))
+      cv = jax.lax.dynamic_update_slice(cv, v, (0, 0, cache_index, 0))
     ck_all = ck_all[:layer] + (ck,) + ck_all[layer + 1:]
     cv_all = cv_all[:layer] + (cv,) + cv_all[layer + 1:]
     return ck, cv, (ck_all, cv_all)
+  k, v = k.astype(ck_all.dtype), v.astype(cv_all.dtype)
+  if per_row:  # row b of the stacked buffers is axis 1
+    ck_all = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x[None], (layer, 0, 0, i)),
+                      in_axes=(1, 0, 0), out_axes=1)(ck_all, k, cache_index)
+    cv_all = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x[None], (layer, 0, i, 0)),
+                      in_axes=(1, 0, 0), out_axes=1)(cv_all, v, cache_index)
+  else:
+    ck_all = jax.lax.dynamic_update_slice(ck_all, k[None], (layer, 0, 0, 0, cache_index))
+    cv_all = jax.lax.dynamic_update_slice(cv_all, v[None], (layer, 0, 0, cache_index, 0))
+  ck = jax.lax.dynamic_index_in_dim(ck_all, layer, 0, keepdims=False)
+  cv = jax.lax.dynamic_index_in_dim(cv_all, layer, 0, keepdims=False)
+  return ck, cv, (ck_all, cv_all)
   ck_all = jax.lax.dynamic_update_slice(ck_all, k.astype(ck_all.dtype)[None],
                                         (layer, 0, 0, 0, cache_index))
   cv_all = jax.lax.dynamic_update_slice(cv_all, v.astype(cv_all.dtype)[None],

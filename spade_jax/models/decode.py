@@ -84,7 +84,8 @@ def decode_step(dparams: Params, cfg: ModelConfig, tokens: jax.Array,
     mask: [B, S] bool, the cache entries each row may attend to (including
       the one written at `cache_index`).
     cache: as for `forward` (stacked or per-layer buffers).
-    cache_index: scalar index this step's keys/values are written at.
+    cache_index: index this step's keys/values are written at: a scalar, or [B]
+      (one per row).
     live_len: scalar; no cache entry at or after it is visible.
 
   Returns:

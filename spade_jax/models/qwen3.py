@@ -250,7 +250,8 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
       [L, B, K, E, S] and values [L, B, K, S, E], or tuples of L per-layer
       buffers (the layers then run unrolled). The chunk's keys/values are
       written at `cache_index` along S before attending.
-    cache_index: scalar start index of this chunk in the cache.
+    cache_index: start index of this chunk in the cache: a scalar, or [B] (one
+      per row, see `attention.write_cache`).
     return_hidden: return final hidden states [B, T, D] instead of logits.
     return_router_logits: also return the MoE router logits
       [L_moe, B, T, X] (for `load_balancing_loss`) as a third output.

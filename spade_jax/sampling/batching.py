@@ -64,10 +64,8 @@ def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
       then sees only whole turns and must be thread-safe for disjoint conversations (an
       environment step per conversation is). Outputs are the same as without overlap,
       since a row's draws depend only on its own key and positions. It removes
-      stragglers (fewer decode steps), but every rejoin is an extend that writes all rows
-      at the engine's shared cache pointer, so the live cache span grows and each step
-      costs more: on CPU it is slower than lock-step today (see
-      experiments/benchmarks/rollout.py); per-row cache pointers would fix that.
+      stragglers (fewer decode steps); rejoining conversations are extended together
+      once a quarter of the rows are ready (see experiments/benchmarks/rollout.py).
     workers: threads that run ``respond`` with ``overlap``.
 
   Returns:
@@ -105,7 +103,14 @@ def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
 
 def _schedule_overlapped(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
                          respond, free: collections.deque, workers: int) -> list[int]:
-  """`schedule` with `respond` in worker threads, off the decoding path."""
+  """`schedule` with `respond` in worker threads, off the decoding path.
+
+  Conversations whose next turn is known wait to rejoin until enough of them
+  are ready (a quarter of the rows), or until no more conversations are
+  decoding than waiting: one extend then takes them all, since a lone row's
+  extend costs nearly what several rows' does, while a decode step costs the
+  same however many rows are active.
+  """
   waiting = collections.deque(range(len(first)))
   running: dict[int, int] = {}  # conversation -> row
   turn: dict[int, Turn] = {}  # next turns to extend before decoding
@@ -114,16 +119,17 @@ def _schedule_overlapped(engine: Engine, first: Sequence[Turn], keys: Sequence[j
   inflight: dict[concurrent.futures.Future, list[int]] = {}
   row_of = [-1] * len(first)
   starts: dict[int, jax.Array] = {}  # rows whose new conversation is not extended yet
+  batch = max(1, len(free) // 4)
   with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
     while waiting or running:
       while waiting and free:
         c = waiting.popleft()
         running[c] = row_of[c] = free.popleft()
         turn[c], starts[running[c]] = first[c], keys[c]
-      awaiting = {c for cs in inflight.values() for c in cs}
-      decodable = [c for c in running if c not in awaiting and c not in turn]
       done = [f for f in inflight if f.done()]
-      if not done and not decodable and not turn and inflight:
+      awaiting = {c for cs in inflight.values() for c in cs}
+      decoding = [c for c in running if c not in awaiting and c not in turn]
+      if not done and not decoding and not turn and inflight:
         done = list(concurrent.futures.wait(
             inflight, return_when=concurrent.futures.FIRST_COMPLETED).done)
       ended = []
@@ -140,13 +146,19 @@ def _schedule_overlapped(engine: Engine, first: Sequence[Turn], keys: Sequence[j
         free.extend(rows)
         if waiting:
           continue  # admit into the freed rows first (one extend for all)
-      engine.extend({running[c]: list(t.ids) for c, t in turn.items() if len(t.ids)}, starts)
-      for c, t in turn.items():
-        left[c], partial[c] = t.max_new_tokens, ([], [])
-      turn, starts = {}, {}
+      if turn and (len(turn) >= batch or len(decoding) <= len(turn)):
+        engine.extend({running[c]: list(t.ids) for c, t in turn.items() if len(t.ids)},
+                      starts)
+        for c, t in turn.items():
+          left[c], partial[c] = t.max_new_tokens, ([], [])
+        turn, starts = {}, {}
       awaiting = {c for cs in inflight.values() for c in cs}
-      active = [c for c in running if c not in awaiting]
+      active = [c for c in running if c not in awaiting and c not in turn]
       if not active:
+        if turn and not inflight:
+          continue
+        if inflight:
+          concurrent.futures.wait(inflight, return_when=concurrent.futures.FIRST_COMPLETED)
         continue
       res = engine.decode({running[c]: left[c] for c in active}, stop_on_finish=True)
       finished: dict[int, Output] = {}

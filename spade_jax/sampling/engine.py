@@ -1,46 +1,48 @@
-"""KV-cache decode engine: fixed slots, chunked extend, while-loop decode.
+"""KV-cache decode engine: fixed slots, per-row cache ends, chunked extend, while-loop decode.
 
-The engine holds one KV cache of `slots` rows and `max_len` entries. Every row
-is an independent conversation; three compiled programs advance it:
+The engine holds one KV cache of `slots` rows. Every row is an independent
+conversation whose tokens sit in its first `lengths[row]` cache entries, in
+order (an entry's index is its token's RoPE position); two compiled programs
+advance it:
 
-* **extend** (prefill / continuation): writes a chunk of new tokens for any
-  subset of rows at the shared write pointer and computes each row's
-  next-token logits. A first prompt, an environment observation appended
-  after a turn, and a waiting request taking a freed slot are all extends;
-  history already in the cache is never recomputed.
+* **extend** (prefill / continuation): writes a chunk of new tokens at the
+  end of each row that takes some and computes those rows' next-token logits.
+  A first prompt, an environment observation appended after a turn, and a
+  waiting request taking a freed slot are all extends; history already in the
+  cache is never recomputed. Where the rows live on one device an extend runs
+  the model on the rows that take tokens only (padded to a power of two), so a
+  conversation rejoining alone costs one row, not the batch.
 * **decode**: a `lax.while_loop` that samples one token per active row per
-  step, writes it to the cache and stops when every active row has stopped
-  (EOS id or its own token budget), or when a row finishes and the caller
-  asked to refill slots.
-* **compact**: moves each row's live entries to the front of the cache when
-  the write pointer would run past the end.
+  step, writes it at that row's end and stops when every active row has
+  stopped (EOS id or its own token budget), or when a row finishes and the
+  caller asked to refill slots.
 
-All rows write at the same cache index each step (the model's cache API takes
-one index); rows that have nothing to write there mark the entry invalid.
-Attention reads cache entries only through the per-row validity mask and every
-entry's RoPE position is applied when it is written, so where an entry sits in
-the cache never changes the result, which is what makes `compact` exact.
+Each row writes at its own end, so rows that extend and decode at different
+times (continuous batching, overlapped episodes) never leave gaps in another
+row's cache: a row's cache holds exactly its own tokens, and releasing it
+empties it. No compaction is ever needed, and a row's attention span is its
+own length.
 
 The cache (bf16 by default; fp32 for exactness checks) is donated to each
 program, so it is updated in place. On a mesh, rows are sharded over the batch
 axes of the rule set and kv heads over "tensor". `set_params` takes a new
 parameter tree and reshards it device to device onto the engine's layout.
 
-An extend attends only over the cache prefix that can hold live entries (the
-write pointer rounded up to a power of two); a decode step walks the cache in
-blocks up to the write pointer (a loop with a dynamic trip count, online
-softmax), so both cost what the live prefix costs, not the cache length. (On
-CPU a decode step reads small caches whole: see `attention.decode_attention`;
-`ModelConfig.decode_attention` chooses.)
+An extend attends only over the cache prefix that can hold the rows' entries
+(the longest row's end rounded up to a power of two); a decode step walks the
+cache in blocks up to the longest row's end (a loop with a dynamic trip count,
+online softmax), so both cost what the live prefix costs, not the cache
+length. (On CPU a decode step reads small caches whole: see
+`attention.decode_attention`; `ModelConfig.decode_attention` chooses.)
 Keys are cached length-last ([B, K, E, S]), values [B, K, S, E].
 
 On one CPU device with 2+ slots, decode steps run feature-major
 (`decode.decode_step`: hidden state [D, B], per-layer weights [out, in], from
 a second copy of the weights made by `set_params`); elsewhere they run
 `qwen3.forward`. Both give the same tokens (`decode_layout=` chooses).
-Compiled programs: one extend per (chunk-length bucket, span), one decode per
-step-count bucket, one compact; spans are powers of two, so their number grows
-with log2 of the cache length; `programs` lists them.
+Compiled programs: one extend per (rows bucket, chunk-length bucket, span), one
+decode per step-count bucket; buckets and spans are powers of two, so their
+number grows with log2 of the slots and the cache length; `programs` lists them.
 """
 
 from __future__ import annotations
@@ -80,72 +82,106 @@ def bucket(n: int, minimum: int = 16) -> int:
 class DecodeState:
   """Device-side state of every slot.
 
+  Row b's tokens sit in cache entries [0, lengths[b]), in order: an entry's
+  index is its token's RoPE position, and entries at or past `lengths[b]` are
+  never read for that row.
+
   Attributes:
     cache: {"k", "v"}: keys [L, B, K, E, S] and values [L, B, K, S, E], or
       tuples of L per-layer buffers.
-    valid: [B, S] bool, True on cache entries that belong to the row.
-    lengths: [B] int32 tokens in each row (the next RoPE position).
+    lengths: [B] int32 tokens in each row (its next write index and position).
     logits: [B, V] float32 next-token logits of each row.
     keys: [B] per-row PRNG keys (draws use fold_in(key, position)).
   """
 
   cache: dict[str, jax.Array]
-  valid: jax.Array
   lengths: jax.Array
   logits: jax.Array
   keys: jax.Array
 
 
-def init_state(cfg: ModelConfig, slots: int, max_len: int, cache_dtype: str,
+def init_state(cfg: ModelConfig, slots: int, cache_len: int, cache_dtype: str,
                per_layer: bool) -> DecodeState:
-  """Empty state for `slots` rows of `max_len` cache entries."""
+  """Empty state for `slots` rows of `cache_len` cache entries."""
   return DecodeState(
-      cache=init_cache(cfg, slots, max_len, cache_dtype, per_layer=per_layer),
-      valid=jnp.zeros((slots, max_len), bool),
+      cache=init_cache(cfg, slots, cache_len, cache_dtype, per_layer=per_layer),
       lengths=jnp.zeros((slots,), jnp.int32),
       logits=jnp.zeros((slots, cfg.vocab_size), jnp.float32),
       keys=jax.random.split(jax.random.key(0), slots))
 
 
-def extend_step(params, state: DecodeState, ptr, tokens, tok_valid, reset, new_keys, *,
-                cfg: ModelConfig, span: int) -> DecodeState:
-  """Appends a chunk of tokens to some rows.
+def _rows_of(cache, rows, span: int):
+  """The cache of `rows` ([n] distinct row indices), cut to entries [0, span)."""
+  per_layer = isinstance(cache["k"], tuple)
+  def take(c, axis):  # axis: the length axis counted from the end
+    c = c.at[rows].get(mode="clip") if per_layer else c.at[:, rows].get(mode="clip")
+    return c[..., :span] if axis == -1 else c[..., :span, :]
+  return {"k": jax.tree.map(lambda c: take(c, -1), cache["k"]),
+          "v": jax.tree.map(lambda c: take(c, -2), cache["v"])}
+
+
+def _put_rows(cache, rows, sub):
+  """`cache` with `sub` (as `_rows_of` cut it) written back to `rows`."""
+  per_layer = isinstance(cache["k"], tuple)
+  def put(c, x, axis):
+    span = x.shape[axis]
+    if per_layer:
+      return (c.at[rows, ..., :span].set(x, mode="drop") if axis == -1
+              else c.at[rows, :, :span, :].set(x, mode="drop"))
+    return (c.at[:, rows, ..., :span].set(x, mode="drop") if axis == -1
+            else c.at[:, rows, :, :span, :].set(x, mode="drop"))
+  return {"k": jax.tree.map(lambda c, x: put(c, x, -1), cache["k"], sub["k"]),
+          "v": jax.tree.map(lambda c, x: put(c, x, -2), cache["v"], sub["v"])}
+
+
+def extend_step(params, state: DecodeState, rows, tokens, count, reset, new_keys, *,
+                cfg: ModelConfig, span: int, subset: bool) -> DecodeState:
+  """Appends a chunk of tokens to some rows, each at its own end.
 
   Args:
     params: model parameters.
     state: current state.
-    ptr: scalar int32 write index; entries >= ptr are invalid in every row.
-    tokens: [B, T] int32, each row's new tokens left padded (ptr + T <= S).
-    tok_valid: [B, T] bool, True on real tokens (a suffix of each row).
-    reset: [B] bool, rows that start a new conversation (history dropped and
+    rows: [n] int32 distinct rows this chunk is for (with `subset`; otherwise
+      n == B and rows[i] == i).
+    tokens: [n, T] int32, each row's new tokens right padded.
+    count: [n] int32 real tokens per row (0: the row only takes its reset).
+    reset: [n] bool, rows that start a new conversation (history dropped and
       key replaced by `new_keys`) before the chunk is appended.
-    new_keys: [B] keys used where `reset`.
-    span: static; attention reads cache entries [0, span) (ptr + T <= span).
+    new_keys: [n] keys used where `reset`.
+    span: static; attention reads cache entries [0, span) (every row's
+      length + T <= span).
+    subset: static; run the model on the `rows` only (their cache gathered and
+      written back), not on every row.
 
   Returns:
     The state with the chunk in the cache; rows with at least one token get
     the logits after their last token.
   """
-  B, T = tokens.shape
-  valid = state.valid & ~reset[:, None]
-  lengths = jnp.where(reset, 0, state.lengths)
-  keys = jnp.where(reset[:, None], jax.random.key_data(new_keys),
-                   jax.random.key_data(state.keys))
-  keys = jax.random.wrap_key_data(keys)
-  positions = lengths[:, None] + jnp.maximum(jnp.cumsum(tok_valid, axis=1) - 1, 0)
-  valid = jax.lax.dynamic_update_slice(valid, tok_valid, (0, ptr))
-  causal = jnp.arange(span)[None, None, :] <= ptr + jnp.arange(T)[None, :, None]
-  mask = valid[:, None, :span] & causal
-  hidden, cache = forward(params, cfg, tokens, positions.astype(jnp.int32), mask,
-                          state.cache, ptr, attend_len=span, return_hidden=True)
-  last = logits_from_hidden(params, cfg, hidden[:, -1:])[:, 0]
-  has = tok_valid.any(axis=1)
-  return DecodeState(cache=cache, valid=valid,
-                     lengths=lengths + tok_valid.sum(axis=1, dtype=jnp.int32),
-                     logits=jnp.where(has[:, None], last, state.logits), keys=keys)
+  n, T = tokens.shape
+  # Rows past B pad a subset to its bucket: read clipped, never written back.
+  get = lambda a: a.at[rows].get(mode="clip")
+  lengths = jnp.where(reset, 0, get(state.lengths))
+  kd = jax.random.key_data(state.keys)
+  keys = jnp.where(reset[:, None], jax.random.key_data(new_keys), get(kd))
+  positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  # Entry s of a row holds position s: query t sees entries up to its own.
+  mask = jnp.arange(span)[None, None, :] <= positions[:, :, None]
+  cache = _rows_of(state.cache, rows, span) if subset else state.cache
+  hidden, cache = forward(params, cfg, tokens, positions, mask, cache, lengths,
+                          attend_len=None if subset else span, return_hidden=True)
+  if subset:
+    cache = _put_rows(state.cache, rows, cache)
+  last = jnp.clip(count - 1, 0, T - 1)
+  h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
+  out = logits_from_hidden(params, cfg, h)[:, 0]
+  out = jnp.where((count > 0)[:, None], out, get(state.logits))
+  put = lambda a, x: a.at[rows].set(x, mode="drop")
+  return DecodeState(cache=cache, lengths=put(state.lengths, lengths + count),
+                     logits=put(state.logits, out),
+                     keys=jax.random.wrap_key_data(put(kd, keys)))
 
 
-def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish, *,
+def decode_loop(params, state: DecodeState, active, budget, stop_on_finish, *,
                 cfg: ModelConfig, rule: SamplingConfig, steps: int,
                 feature_major: bool = False):
   """Samples up to `steps` tokens for every active row.
@@ -154,7 +190,6 @@ def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish,
     params: model parameters, or with `feature_major` the
       `decode.decode_params` layout (each step then runs `decode.decode_step`).
     state: current state; active rows' `logits` must be fresh.
-    ptr: scalar write index of the first step.
     active: [B] bool rows to decode.
     budget: [B] int32 maximum tokens per row in this call (<= steps).
     stop_on_finish: scalar bool; leave the loop as soon as any row stops.
@@ -162,10 +197,10 @@ def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish,
   Returns:
     (state, tokens [B, steps] int32 (pad after a row stopped), logprobs
     [B, steps] float32 under the raw model, hit_eos [B] bool, steps_run
-    scalar int32). Row b's i-th token is at cache index
-    ptr + i.
+    scalar int32). Row b's i-th token goes to cache entry lengths[b] + i.
   """
   B = active.shape[0]
+  S = jax.tree.leaves(state.cache["v"])[0].shape[-2]
   done0 = ~active | (budget <= 0)
 
   def cond(c):
@@ -180,21 +215,22 @@ def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish,
     tok = jnp.where(emit, tok, rule.pad_id)
     toks = jax.lax.dynamic_update_index_in_dim(toks, tok, step, 1)
     logps = jax.lax.dynamic_update_index_in_dim(logps, jnp.where(emit, logp, 0.0), step, 1)
-    idx = ptr + step
-    valid = jax.lax.dynamic_update_slice(st.valid, emit[:, None], (0, idx))
-    # Entries after idx are invalid in every row: attention walks only the
-    # cache blocks before idx + 1.
+    # Every row writes at its own end; a row that does not emit writes an
+    # entry it never reads (its length does not move past it).
+    visible = jnp.arange(S)[None, :] < (st.lengths + emit)[:, None]
+    live = jnp.max(st.lengths) + 1  # attention walks only the blocks before it
     if feature_major:
-      logits, cache = decode_step(params, cfg, tok, st.lengths, valid, st.cache, idx, idx + 1)
+      logits, cache = decode_step(params, cfg, tok, st.lengths, visible, st.cache,
+                                  st.lengths, live)
     else:
       logits, cache = forward(params, cfg, tok[:, None], st.lengths[:, None],
-                              valid[:, None, :], st.cache, idx, live_len=idx + 1)
+                              visible[:, None, :], st.cache, st.lengths, live_len=live)
       logits = logits[:, 0]
     hit = emit & is_stop(tok, rule)
     eos = eos | hit
     counts_after = step + 1  # every emitting row has emitted step + 1 tokens
     newly = emit & (hit | (counts_after >= budget))
-    st = DecodeState(cache=cache, valid=valid, lengths=st.lengths + emit,
+    st = DecodeState(cache=cache, lengths=st.lengths + emit,
                      logits=jnp.where(emit[:, None], logits, st.logits), keys=st.keys)
     return step + 1, st, done | newly, toks, logps, eos, jnp.any(newly)
 
@@ -204,42 +240,29 @@ def decode_loop(params, state: DecodeState, ptr, active, budget, stop_on_finish,
   return state, toks, logps, eos, n
 
 
-def compact_step(state: DecodeState) -> DecodeState:
-  """Moves every row's valid entries to the front of the cache, in order."""
-  order = jnp.argsort(~state.valid, axis=1, stable=True)  # valid first, original order
-  counts = state.valid.sum(axis=1)
-  S = state.valid.shape[1]
-  valid = jnp.arange(S)[None, :] < counts[:, None]
-  def move(c, axis):  # axis: the length axis counted from the end
-    idx = order[:, None, None, :] if axis == -1 else order[:, None, :, None]
-    if c.ndim == 5:
-      idx = idx[None]
-    return jnp.take_along_axis(c, idx, axis=c.ndim + axis)
-  cache = {"k": jax.tree.map(lambda c: move(c, -1), state.cache["k"]),
-           "v": jax.tree.map(lambda c: move(c, -2), state.cache["v"])}
-  return state.replace(cache=cache, valid=valid)
+def truncate_step(state: DecodeState, drop) -> DecodeState:
+  """Drops the last `drop[b]` tokens of each row b."""
+  return state.replace(lengths=state.lengths - drop)
 
 
-def truncate_step(state: DecodeState, start, keep, drop) -> DecodeState:
-  """Drops generated tokens: row b keeps `keep[b]` tokens written from `start`, drops `drop[b]`."""
-  S = state.valid.shape[1]
-  s = jnp.arange(S)[None, :]
-  cut = (s >= start + keep[:, None]) & (s < start + keep[:, None] + drop[:, None])
-  return state.replace(valid=state.valid & ~cut, lengths=state.lengths - drop)
+def release_step(state: DecodeState, released) -> DecodeState:
+  """Empties the rows where `released` ([B] bool) is set."""
+  return state.replace(lengths=jnp.where(released, 0, state.lengths))
 
 
 class Engine:
   """Fixed-slot KV-cache sampler with multi-turn continuation and slot refill.
 
-  Host-side bookkeeping lives here (write pointer, which rows have fresh
+  Host-side bookkeeping lives here (each row's length, which rows have fresh
   logits); all arrays stay on device between calls.
 
   Args:
     cfg: model config.
     params: model parameters (any layout; resharded onto the engine's).
     slots: number of rows (rounded up to a multiple of the batch shards).
-    max_len: cache entries per row (rounded up to a multiple of 16, or of 256
-      past 256); bounds one row's live tokens.
+    max_len: tokens one row may hold (rounded up to a multiple of 16, or of 256
+      past 256). The cache has `cache_len` entries per row: `max_len` plus room
+      for one padded extend piece written at a row's end.
     rule: sampling rule (static: a new rule compiles new decode programs).
     mesh, rules: optional mesh and logical-axis rule set; without them the
       engine runs on the default device.
@@ -301,8 +324,16 @@ class Engine:
     # Multiples of 16; past one decode-attention block, of the block.
     step = DECODE_BLOCK if max_len > DECODE_BLOCK else 16
     self.max_len = -(-int(max_len) // step) * step
+    # An extend piece of T <= slack entries is written at a row's end: room for
+    # its padding past max_len keeps every write inside the cache.
+    slack = min(prefill_chunk, bucket(self.max_len))
+    step = DECODE_BLOCK if self.max_len + slack > DECODE_BLOCK else 16
+    self.cache_len = -(-(self.max_len + slack) // step) * step
     self.cache_dtype = cache_dtype or cfg.compute_dtype
-    self.ptr = 0
+    self.lengths = np.zeros(self.slots, np.int64)  # host copy of state.lengths
+    # Extends run the model on the rows that take tokens only (a gather and a
+    # write-back of their cache) where the rows live on one device.
+    self._subset = mesh is None or mesh.devices.size == 1
     self.fresh = np.zeros(self.slots, bool)  # rows whose logits follow their last token
     self.programs: set[tuple] = set()
     self._param_shardings = self._state_shardings = None
@@ -311,18 +342,18 @@ class Engine:
           param_axes(cfg), param_shapes(cfg), mesh, rules)
       spec = lambda axes, shape: NamedSharding(
           mesh, parallel.logical_to_spec(axes, shape, mesh, rules))
-      B, S = self.slots, self.max_len
+      B, S = self.slots, self.cache_len
       shapes = cache_shapes(cfg, B, S, self.per_layer)
       cache = tuple((spec(CACHE_AXES[n][1:], shapes[n]),) * cfg.num_layers if self.per_layer
                     else spec(CACHE_AXES[n], shapes[n]) for n in ("k", "v"))
       self._state_shardings = (
-          cache, spec(("batch", "length"), (B, S)), spec(("batch",), (B,)),
-          spec(("batch", "vocab"), (B, cfg.vocab_size)), spec(("batch",), (B,)))
-    (self._init, self._extend, self._decode, self._compact,
-     self._truncate) = _programs(self._state_shardings)
+          cache, spec(("batch",), (B,)), spec(("batch", "vocab"), (B, cfg.vocab_size)),
+          spec(("batch",), (B,)))
+    (self._init, self._extend, self._decode, self._truncate,
+     self._release) = _programs(self._state_shardings)
     self.params = self.decode_params = None
     self.set_params(params)
-    self.state = self._init(cfg, self.slots, self.max_len, self.cache_dtype, self.per_layer)
+    self.state = self._init(cfg, self.slots, self.cache_len, self.cache_dtype, self.per_layer)
 
   # -- parameters ---------------------------------------------------------------
   def set_params(self, params) -> None:
@@ -342,29 +373,23 @@ class Engine:
   def _log_program(self, kind: str, *shape) -> None:
     key = (kind, *shape)
     self.programs.add(key)
-    full = key + (self.cfg, self.slots, self.max_len, self.cache_dtype, self.per_layer,
+    full = key + (self.cfg, self.slots, self.cache_len, self.cache_dtype, self.per_layer,
                   self.feature_major, self._state_shardings)
     if full not in _PROGRAMS:
       _PROGRAMS.add(full)
       logging.info("sampler: compiling %s %s (slots=%d, cache=%d; %d programs here)",
-                   kind, shape, self.slots, self.max_len, len(self.programs))
+                   kind, shape, self.slots, self.cache_len, len(self.programs))
 
   def _span(self, end: int) -> int:
     """Cache entries an extend attends over to see everything before `end`:
     a power of two (bounded compiles) capped at the cache length."""
-    return min(self.max_len, bucket(end))
+    return min(self.cache_len, bucket(end))
 
-  def _ensure_room(self, need: int) -> None:
-    if self.ptr + need <= self.max_len:
-      return
-    self._log_program("compact")
-    self.state = self._compact(self.state)
-    live = int(jax.device_get(self.state.valid.sum(axis=1).max()))
-    self.ptr = live
-    if self.ptr + need > self.max_len:
+  def _check_room(self, b: int, have: int, need: int) -> None:
+    if have + need > self.max_len:
       raise ValueError(
-          f"A row holds {live} live tokens and needs {need} more, beyond the cache's "
-          f"{self.max_len} entries. Raise max_len or end the row (release it).")
+          f"Slot {b} holds {have} tokens and needs {need} more, beyond the cache's "
+          f"{self.max_len} entries per row. Raise max_len or end the row (release it).")
 
   # -- public API -------------------------------------------------------------------
   def extend(self, chunks: dict[int, Sequence[int]],
@@ -381,37 +406,49 @@ class Engine:
         raise ValueError(f"Slot {b} starts a conversation but has no tokens; pass its prompt.")
     if not chunks:
       return
+    lengths = self.lengths.copy()
     for b, ids in chunks.items():
       if not 0 <= b < self.slots:
         raise ValueError(f"Slot {b} is out of range [0, {self.slots}).")
       if len(ids) == 0:
         raise ValueError(f"Slot {b} got an empty chunk; every chunk needs a token.")
-    T = bucket(max(len(t) for t in chunks.values()))
-    self._ensure_room(T)
-    tokens = np.full((self.slots, T), self.rule.pad_id, np.int32)
-    tv = np.zeros((self.slots, T), bool)
-    for b, ids in chunks.items():
-      tokens[b, T - len(ids):] = ids
-      tv[b, T - len(ids):] = True
-    reset = np.zeros(self.slots, bool)
-    keys = np.zeros((self.slots,) + jax.random.key_data(self.state.keys).shape[1:], np.uint32)
-    for b, k in starts.items():
-      reset[b], keys[b] = True, np.asarray(jax.random.key_data(k))
-    keys = jax.random.wrap_key_data(keys)
+      if b in starts:
+        lengths[b] = 0
+      self._check_room(b, int(lengths[b]), len(ids))
+    key_shape = jax.random.key_data(self.state.keys).shape[1:]
+    longest = max(len(t) for t in chunks.values())
     # Long chunks go in pieces of `prefill_chunk` tokens, each attending only
     # over the cache written so far: causal attention then costs about half of
-    # one pass over the whole chunk. Leading pieces that are padding in every
-    # row are skipped (rows are left padded).
-    c = min(T, self.prefill_chunk)
-    for j in range(0, T, c):
-      if not tv[:, j:j + c].any():
-        continue
-      span = self._span(self.ptr + c)
-      self._log_program("extend", c, span)
-      self.state = self._extend(self.params, self.state, np.int32(self.ptr), tokens[:, j:j + c],
-                                tv[:, j:j + c], reset, keys, cfg=self.cfg, span=span)
-      reset = np.zeros_like(reset)
-      self.ptr += c
+    # one pass over the whole chunk. A piece runs the model on the rows that
+    # still have tokens in it (padded to a power of two, at least 2; every row
+    # when that is not fewer, or on a multi-device mesh).
+    c = min(bucket(longest), self.prefill_chunk)
+    for j in range(0, longest, c):
+      part = [b for b in sorted(chunks) if len(chunks[b]) > j]
+      # At least 2 rows: XLA's CPU programs for one row run slower than for two.
+      n = bucket(len(part), 2)
+      subset = self._subset and n < self.slots
+      rows = part + [self.slots] * (n - len(part)) if subset else list(range(self.slots))
+      tokens = np.full((len(rows), c), self.rule.pad_id, np.int32)
+      count = np.zeros(len(rows), np.int32)
+      reset = np.zeros(len(rows), bool)
+      keys = np.zeros((len(rows),) + key_shape, np.uint32)
+      for i, b in enumerate(rows):
+        if b >= self.slots or len(chunks.get(b, ())) <= j:
+          continue
+        piece = chunks[b][j:j + c]
+        tokens[i, :len(piece)], count[i] = piece, len(piece)
+        if j == 0 and b in starts:
+          reset[i], keys[i] = True, np.asarray(jax.random.key_data(starts[b]))
+      span = self._span(max(int(lengths[b]) for b in part) + c)
+      self._log_program("extend", len(rows), c, span)
+      self.state = self._extend(self.params, self.state, np.asarray(rows, np.int32), tokens,
+                                count, reset, jax.random.wrap_key_data(keys), cfg=self.cfg,
+                                span=span, subset=subset)
+      for i, b in enumerate(rows):
+        if b < self.slots:
+          lengths[b] += count[i]
+    self.lengths = lengths
     self.fresh[list(chunks)] = True
 
   def decode(self, budgets: dict[int, int], *, stop_on_finish: bool = False
@@ -441,53 +478,52 @@ class Engine:
         return out
       most = max(remaining[b] for b in rows)
       steps = min(bucket(most), bucket(self.chunk)) if self.rule.stop else bucket(most)
-      need = min(steps, most)  # entries this call can write (steps is a bucket)
-      self._ensure_room(need)
       active = np.zeros(self.slots, bool)
       active[rows] = True
       budget = np.zeros(self.slots, np.int32)
       for b in rows:
         budget[b] = min(remaining[b], steps)
+        self._check_room(b, int(self.lengths[b]), int(budget[b]))
       self._log_program("decode", steps)
-      start = self.ptr
       self.state, toks, logps, eos, n = self._decode(
-          self.decode_params, self.state, np.int32(start), active, budget,
-          np.bool_(stop_on_finish), cfg=self.cfg, rule=self._device_rule, steps=steps,
-          feature_major=self.feature_major)
+          self.decode_params, self.state, active, budget, np.bool_(stop_on_finish),
+          cfg=self.cfg, rule=self._device_rule, steps=steps, feature_major=self.feature_major)
       toks, logps, eos, n = jax.device_get((toks, logps, eos, n))
-      self.ptr = start + int(n)
-      cut_keep = np.zeros(self.slots, np.int32)
       cut_drop = np.zeros(self.slots, np.int32)
       for b in rows:
         # Rows emit on consecutive steps from the first, until they stop.
         count = min(int(budget[b]), int(n))
         if eos[b]:
           count = int(np.argmax(np.isin(toks[b], self.rule.stop_ids))) + 1
+        self.lengths[b] += count
         t, lp = toks[b, :count].tolist(), logps[b, :count].tolist()
         prev_t, prev_l, _ = out[b]
         hit = bool(eos[b])
         if self.rule.stop and not hit:
           keep = _stop_string_cut(prev_t, t, self.rule.stop, self.detokenize)
           if keep is not None:
-            cut_keep[b], cut_drop[b] = keep, count - keep
+            cut_drop[b] = count - keep
+            self.lengths[b] -= count - keep
             t, lp, hit = t[:keep], lp[:keep], True
             self.fresh[b] = False  # logits follow a dropped token
         out[b] = (prev_t + t, prev_l + lp, hit)
         remaining[b] -= count
       if cut_drop.any():
         self._log_program("truncate")
-        self.state = self._truncate(self.state, np.int32(start), cut_keep, cut_drop)
+        self.state = self._truncate(self.state, cut_drop)
       if stop_on_finish and any(out[b][2] or remaining[b] <= 0 for b in rows):
         return out
 
   def release(self, slots: Sequence[int]) -> None:
-    """Frees rows: their entries stop counting toward the cache's live tokens."""
+    """Frees rows: their history is dropped (a later extend starts them anew)."""
     if not len(slots):
       return
     mask = np.zeros(self.slots, bool)
     mask[list(slots)] = True
-    self.state = self.state.replace(valid=self.state.valid & ~jnp.asarray(mask)[:, None])
-    self.fresh[list(slots)] = False
+    self._log_program("release")
+    self.state = self._release(self.state, mask)
+    self.lengths[mask] = 0
+    self.fresh[mask] = False
 
 
 def _stop_string_cut(prev: list[int], new: list[int], stops: tuple[str, ...],
@@ -514,22 +550,22 @@ def _programs(shards: tuple | None):
   """Jitted engine programs for one state layout (None: default device).
 
   Args:
-    shards: ((key cache, value cache), valid, lengths, logits, keys)
-      shardings, or None.
+    shards: ((key cache, value cache), lengths, logits, keys) shardings, or
+      None.
   """
   out = None
   if shards is not None:
-    c, v, n, lg, k = shards
-    out = DecodeState(cache={"k": c[0], "v": c[1]}, valid=v, lengths=n, logits=lg, keys=k)
+    c, n, lg, k = shards
+    out = DecodeState(cache={"k": c[0], "v": c[1]}, lengths=n, logits=lg, keys=k)
   init = jax.jit(init_state, static_argnums=(0, 1, 2, 3, 4), out_shardings=out)
-  extend = jax.jit(extend_step, static_argnames=("cfg", "span"), donate_argnums=(1,),
+  extend = jax.jit(extend_step, static_argnames=("cfg", "span", "subset"), donate_argnums=(1,),
                    out_shardings=out)
   decode = jax.jit(decode_loop, static_argnames=("cfg", "rule", "steps", "feature_major"),
                    donate_argnums=(1,),
                    out_shardings=None if out is None else (out, None, None, None, None))
-  compact = jax.jit(compact_step, donate_argnums=(0,), out_shardings=out)
   truncate = jax.jit(truncate_step, donate_argnums=(0,), out_shardings=out)
-  return init, extend, decode, compact, truncate
+  release = jax.jit(release_step, donate_argnums=(0,), out_shardings=out)
+  return init, extend, decode, truncate, release
 
 
 def num_engine_programs() -> int:

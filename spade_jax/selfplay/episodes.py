@@ -203,8 +203,8 @@ def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, ma
   if not running:
     return []
   slots = min(len(running), max_slots or len(running))
-  # Room for the longest transcript plus one bucketed chunk before compaction.
-  engine = sampler.engine(slots, 2 * max_len)
+  # A row holds one transcript: at most max_len tokens (the turn budget included).
+  engine = sampler.engine(slots, max_len)
   key = sampler.next_key()
   left_over: list[int] = []
 

@@ -65,3 +65,5 @@ def test_rollout_benchmark_schedules_agree():
              "--turn_tokens=8", "--repeats=1", "--max_len=512")
   line = next(l for l in out.splitlines() if l.startswith("tiny "))
   assert "same transcripts True" in line and "speed-up" in line
+  split = [l for l in out.splitlines() if "decode" in l and "steps" in l]
+  assert len(split) == 2 and all(" 0 calls" not in l for l in split)

@@ -174,6 +174,29 @@ def test_prefill_in_pieces_equals_one_piece_and_full_forward(params, layer_cache
     _engine(params, rule, prefill_chunk=24)
 
 
+@pytest.mark.parametrize("layer_cache", ["per_layer", "stacked"])
+def test_extend_at_the_end_of_a_full_row_keeps_its_history(params, layer_cache):
+  # Row 0 holds 58 of its 64 tokens; a 20-token chunk on row 1 makes the piece
+  # 32 wide, so row 0's 3 tokens are written from entry 80 - 32 = 48 (rewriting
+  # its entries 48-57 with their own values); row 2 takes nothing and keeps its cache.
+  rule = SamplingConfig(temperature=0.0, eos_id=-1)
+  eng = _engine(params, rule, max_len=64, layer_cache=layer_cache)
+  assert eng.cache_len == 80
+  hist = {0: list(range(3, 61)), 1: [7, 8, 9], 2: list(range(100, 130))}
+  eng.extend(hist, {b: jax.random.key(b) for b in hist})
+  add = {0: [61, 62, 63], 1: list(range(140, 160))}
+  eng.extend(add)
+  for b in add:
+    hist[b] += add[b]
+  out = eng.decode({0: 3, 1: 5, 2: 4})
+  assert list(eng.lengths[:3]) == [64, 28, 34]
+  for b, (toks, logps, _) in out.items():
+    ref = _full_logps(params, hist[b] + toks, width=128)[len(hist[b]):]
+    np.testing.assert_allclose(logps, ref, atol=1e-4)
+  with pytest.raises(ValueError, match="Slot 0 holds 64 tokens and needs 1 more"):
+    eng.extend({0: [5]})
+
+
 def test_layer_cache_and_decode_layout_choices_are_checked(params):
   rule = SamplingConfig(temperature=0.0)
   with pytest.raises(ValueError, match="layer_cache='flat'"):

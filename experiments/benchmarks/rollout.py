@@ -11,6 +11,9 @@ then steps every env; the overlapped one steps an episode's env as soon as its t
 in a worker thread, while the engine decodes the others. Rounds alternate between the two
 schedules; the script prints min/median seconds of each, the speed-up, and whether both
 produced the same transcripts (tokens, outcomes, log-probs within 1e-4) on every round.
+With --split it also plays one more round of each, untimed, and prints the seconds spent in engine
+extends and decode calls, their counts and the decode steps run: overlap saves decode steps
+(stragglers), while extends cost the same work either way.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ _TURN_TOKENS = flags.DEFINE_integer("turn_tokens", 48, "New tokens per turn at m
 _STEP_MS = flags.DEFINE_float("step_ms", 5.0, "Milliseconds each env step takes.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds per schedule.")
 _MAX_LEN = flags.DEFINE_integer("max_len", 1024, "Transcript token budget per episode.")
+_SPLIT = flags.DEFINE_bool("split", True, "Also print where one more round of each schedule "
+                           "spends its time (engine extends, decode calls and steps).")
 
 # An env whose step takes a set time; observations of varying length; it never ends early.
 PROGRAM = """
@@ -65,6 +70,47 @@ class _Bytes:
     return bytes((i - 3) % 256 for i in ids if i >= 3).decode(errors="replace")
 
 
+class _Split:
+  """Times `Engine.extend` / `Engine.decode` calls and counts decode steps."""
+
+  def __init__(self):
+    from spade_jax.sampling import engine as engine_lib  # pylint: disable=g-import-not-at-top
+    self.stats = {}
+    self.active = False
+    for name in ("extend", "decode"):
+      self._wrap(engine_lib.Engine, name)
+
+  def _wrap(self, cls, name):
+    import jax  # pylint: disable=g-import-not-at-top
+    inner = getattr(cls, name)
+    stats = self.stats
+
+    def timed(eng, *args, **kwargs):
+      if not self.active:
+        return inner(eng, *args, **kwargs)
+      t0 = time.perf_counter()
+      out = inner(eng, *args, **kwargs)
+      if name == "extend":
+        jax.block_until_ready(eng.state.logits)
+      s = stats.setdefault(name, [0, 0.0, 0])
+      s[0] += 1
+      s[1] += time.perf_counter() - t0
+      if name == "decode":  # the call's steps: its longest row's tokens
+        s[2] += max((len(o[0]) for o in out.values()), default=0)
+      return out
+
+    setattr(cls, name, timed)
+
+  def reset(self):
+    self.stats.clear()
+
+  def line(self) -> str:
+    e = self.stats.get("extend", [0, 0.0, 0])
+    d = self.stats.get("decode", [0, 0.0, 0])
+    return (f"extend {e[1]:.2f}s in {e[0]} calls, decode {d[1]:.2f}s in {d[0]} calls / "
+            f"{d[2]} steps")
+
+
 def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
@@ -73,6 +119,7 @@ def main(argv):
   from spade_jax.sandbox import EnvPool, SandboxConfig  # pylint: disable=g-import-not-at-top
   from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_platforms", "cpu")
+  split = _Split() if _SPLIT.value else None
   chat = ChatTemplate(_Bytes())
   specs = [EpisodeSpec(0, s) for s in range(_EPISODES.value)]
   source = PROGRAM.replace("step_ms=5.0", f"step_ms={_STEP_MS.value}")
@@ -108,6 +155,14 @@ def main(argv):
             f"{_STEP_MS.value:g} ms steps, {_SLOTS.value} rows): lock-step "
             f"{min(times[False]):.2f}/{seq:.2f}s  overlapped {min(times[True]):.2f}/{ovl:.2f}s "
             f"(min/median)  speed-up {seq / ovl:.2f}x  same transcripts {same}", flush=True)
+      if split:  # one more (untimed) round of each, with the engine calls timed
+        for overlap in (False, True):
+          split.reset()
+          split.active = True
+          play(overlap)
+          split.active = False
+          print(f"      {'overlapped' if overlap else 'lock-step '}: {split.line()}",
+                flush=True)
 
 
 if __name__ == "__main__":

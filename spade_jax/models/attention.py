@@ -281,7 +281,7 @@ def init_cache(cfg: ModelConfig, batch: int, length: int,
   return {n: jnp.zeros(shapes[n], dt) for n in ("k", "v")}
 
 
-def write_cache(cache_kv, k, v, cache_index):
+def write_cache(cache_kv, k, v, cache_index, write_mask=None):
   """Writes a chunk's keys [B, K, E, T] and values [B, K, T, E] into one layer.
 
   Args:
@@ -293,6 +293,9 @@ def write_cache(cache_kv, k, v, cache_index):
     cache_index: index along S of the chunk's first entry: a scalar (every row
       writes there) or [B] (row b writes at cache_index[b]; the caller keeps
       index + T within S, since an index past it is clamped).
+    write_mask: optional [B, T] bool with a per-row `cache_index`: entries of the
+      chunk where it is False keep the cache's values (a row can then rewrite
+      the end of its cache without changing the entries before its own end).
 
   Returns:
     (that layer's keys [B, K, E, S], its values [B, K, S, E], the updated
@@ -304,6 +307,7 @@ def write_cache(cache_kv, k, v, cache_index):
     ck, cv = ck_all[layer], cv_all[layer]
     k, v = k.astype(ck.dtype), v.astype(cv.dtype)
     if per_row:
+      k, v = _keep(ck, k, cache_index, write_mask, -1), _keep(cv, v, cache_index, write_mask, -2)
       ck = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, 0, i)))(
           ck, k, cache_index)
       cv = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, i, 0)))(
@@ -316,6 +320,11 @@ def write_cache(cache_kv, k, v, cache_index):
     return ck, cv, (ck_all, cv_all)
   k, v = k.astype(ck_all.dtype), v.astype(cv_all.dtype)
   if per_row:  # row b of the stacked buffers is axis 1
+    if write_mask is not None:
+      layer_k = jax.lax.dynamic_index_in_dim(ck_all, layer, 0, keepdims=False)
+      layer_v = jax.lax.dynamic_index_in_dim(cv_all, layer, 0, keepdims=False)
+      k = _keep(layer_k, k, cache_index, write_mask, -1)
+      v = _keep(layer_v, v, cache_index, write_mask, -2)
     ck_all = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x[None], (layer, 0, 0, i)),
                       in_axes=(1, 0, 0), out_axes=1)(ck_all, k, cache_index)
     cv_all = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x[None], (layer, 0, i, 0)),
@@ -326,10 +335,16 @@ def write_cache(cache_kv, k, v, cache_index):
   ck = jax.lax.dynamic_index_in_dim(ck_all, layer, 0, keepdims=False)
   cv = jax.lax.dynamic_index_in_dim(cv_all, layer, 0, keepdims=False)
   return ck, cv, (ck_all, cv_all)
-  ck_all = jax.lax.dynamic_update_slice(ck_all, k.astype(ck_all.dtype)[None],
-                                        (layer, 0, 0, 0, cache_index))
-  cv_all = jax.lax.dynamic_update_slice(cv_all, v.astype(cv_all.dtype)[None],
-                                        (layer, 0, 0, cache_index, 0))
-  ck = jax.lax.dynamic_index_in_dim(ck_all, layer, 0, keepdims=False)
-  cv = jax.lax.dynamic_index_in_dim(cv_all, layer, 0, keepdims=False)
-  return ck, cv, (ck_all, cv_all)
+
+
+def _keep(c, x, index, write_mask, axis):
+  """`x` ([B, K, E, T] keys or [B, K, T, E] values) with the cache `c`'s entries
+  (from each row's `index`) where `write_mask` [B, T] is False."""
+  if write_mask is None:
+    return x
+  T = x.shape[axis]
+  if axis == -1:
+    old = jax.vmap(lambda a, i: jax.lax.dynamic_slice_in_dim(a, i, T, axis=2))(c, index)
+    return jnp.where(write_mask[:, None, None, :], x, old.astype(x.dtype))
+  old = jax.vmap(lambda a, i: jax.lax.dynamic_slice_in_dim(a, i, T, axis=1))(c, index)
+  return jnp.where(write_mask[:, None, :, None], x, old.astype(x.dtype))

@@ -156,7 +156,7 @@ def rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
 
 
 def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelConfig,
-                     attend_len: int | None = None, live_len=None):
+                     attend_len: int | None = None, live_len=None, write_mask=None):
   """Pre-norm attention with residual.
 
   Args:
@@ -182,7 +182,7 @@ def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelCo
     # Write only this chunk into the cache (in place under donation), then
     # attend over the cache (its first `attend_len` entries, or its live
     # blocks when decoding with `live_len`).
-    k, v, cache_kv = write_cache(cache_kv, k, v, cache_index)
+    k, v, cache_kv = write_cache(cache_kv, k, v, cache_index, write_mask)
     if attend_len is not None and attend_len < v.shape[2]:
       k, v = k[..., :attend_len], v[:, :, :attend_len]
   if live_len is not None and q.shape[1] == 1:
@@ -236,7 +236,8 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
             return_hidden: bool = False,
             return_router_logits: bool = False,
             attend_len: int | None = None,
-            live_len: jax.Array | None = None):
+            live_len: jax.Array | None = None,
+            write_mask: jax.Array | None = None):
   """Runs the decoder.
 
   Args:
@@ -252,6 +253,8 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
       written at `cache_index` along S before attending.
     cache_index: start index of this chunk in the cache: a scalar, or [B] (one
       per row, see `attention.write_cache`).
+    write_mask: optional [B, T] bool with a per-row `cache_index`: chunk entries
+      not written to the cache (see `attention.write_cache`).
     return_hidden: return final hidden states [B, T, D] instead of logits.
     return_router_logits: also return the MoE router logits
       [L_moe, B, T, X] (for `load_balancing_loss`) as a third output.
@@ -276,7 +279,8 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
   def layer(x, ck_all, cv_all, i, lp, mlp_or_moe, is_moe):
     if has_cache:
       x, (ck_all, cv_all) = _attention_block(x, lp, positions, mask, (ck_all, cv_all, i),
-                                             cache_index, cfg, attend_len, live_len)
+                                             cache_index, cfg, attend_len, live_len,
+                                             write_mask)
     else:
       x, _ = _attention_block(x, lp, positions, mask, None, None, cfg)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)

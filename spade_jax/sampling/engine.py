@@ -134,7 +134,7 @@ def _put_rows(cache, rows, sub):
           "v": jax.tree.map(lambda c, x: put(c, x, -2), cache["v"], sub["v"])}
 
 
-def extend_step(params, state: DecodeState, rows, tokens, count, reset, new_keys, *,
+def extend_step(params, state: DecodeState, rows, tokens, offset, count, reset, new_keys, *,
                 cfg: ModelConfig, span: int, subset: bool) -> DecodeState:
   """Appends a chunk of tokens to some rows, each at its own end.
 
@@ -143,13 +143,16 @@ def extend_step(params, state: DecodeState, rows, tokens, count, reset, new_keys
     state: current state.
     rows: [n] int32 distinct rows this chunk is for (with `subset`; otherwise
       n == B and rows[i] == i).
-    tokens: [n, T] int32, each row's new tokens right padded.
+    tokens: [n, T] int32: row i's new tokens at [offset[i], offset[i] + count[i]).
+    offset: [n] int32: the chunk of row i is written from cache entry
+      lengths[i] - offset[i] (a row near the end of the cache rewrites its last
+      offset[i] entries with their own values); T for a row that takes none.
     count: [n] int32 real tokens per row (0: the row only takes its reset).
     reset: [n] bool, rows that start a new conversation (history dropped and
       key replaced by `new_keys`) before the chunk is appended.
     new_keys: [n] keys used where `reset`.
     span: static; attention reads cache entries [0, span) (every row's
-      length + T <= span).
+      length - offset + T <= span).
     subset: static; run the model on the `rows` only (their cache gathered and
       written back), not on every row.
 
@@ -163,15 +166,18 @@ def extend_step(params, state: DecodeState, rows, tokens, count, reset, new_keys
   lengths = jnp.where(reset, 0, get(state.lengths))
   kd = jax.random.key_data(state.keys)
   keys = jnp.where(reset[:, None], jax.random.key_data(new_keys), get(kd))
-  positions = lengths[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
+  start = lengths - offset
+  positions = start[:, None] + jnp.arange(T, dtype=jnp.int32)[None, :]
   # Entry s of a row holds position s: query t sees entries up to its own.
   mask = jnp.arange(span)[None, None, :] <= positions[:, :, None]
+  write = jnp.arange(T)[None, :] >= offset[:, None]
   cache = _rows_of(state.cache, rows, span) if subset else state.cache
-  hidden, cache = forward(params, cfg, tokens, positions, mask, cache, lengths,
-                          attend_len=None if subset else span, return_hidden=True)
+  hidden, cache = forward(params, cfg, tokens, positions, mask, cache, start,
+                          attend_len=None if subset else span, return_hidden=True,
+                          write_mask=write)
   if subset:
     cache = _put_rows(state.cache, rows, cache)
-  last = jnp.clip(count - 1, 0, T - 1)
+  last = jnp.clip(offset + count - 1, 0, T - 1)
   h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)
   out = logits_from_hidden(params, cfg, h)[:, 0]
   out = jnp.where((count > 0)[:, None], out, get(state.logits))
@@ -261,8 +267,7 @@ class Engine:
     params: model parameters (any layout; resharded onto the engine's).
     slots: number of rows (rounded up to a multiple of the batch shards).
     max_len: tokens one row may hold (rounded up to a multiple of 16, or of 256
-      past 256). The cache has `cache_len` entries per row: `max_len` plus room
-      for one padded extend piece written at a row's end.
+      past 256); the cache has `cache_len` (one more, rounded) entries per row.
     rule: sampling rule (static: a new rule compiles new decode programs).
     mesh, rules: optional mesh and logical-axis rule set; without them the
       engine runs on the default device.
@@ -324,11 +329,9 @@ class Engine:
     # Multiples of 16; past one decode-attention block, of the block.
     step = DECODE_BLOCK if max_len > DECODE_BLOCK else 16
     self.max_len = -(-int(max_len) // step) * step
-    # An extend piece of T <= slack entries is written at a row's end: room for
-    # its padding past max_len keeps every write inside the cache.
-    slack = min(prefill_chunk, bucket(self.max_len))
-    step = DECODE_BLOCK if self.max_len + slack > DECODE_BLOCK else 16
-    self.cache_len = -(-(self.max_len + slack) // step) * step
+    # One spare entry: a row that does not emit in a decode step writes there.
+    step = DECODE_BLOCK if self.max_len + 1 > DECODE_BLOCK else 16
+    self.cache_len = -(-(self.max_len + 1) // step) * step
     self.cache_dtype = cache_dtype or cfg.compute_dtype
     self.lengths = np.zeros(self.slots, np.int64)  # host copy of state.lengths
     # Extends run the model on the rows that take tokens only (a gather and a
@@ -423,13 +426,17 @@ class Engine:
     # still have tokens in it (padded to a power of two, at least 2; every row
     # when that is not fewer, or on a multi-device mesh).
     c = min(bucket(longest), self.prefill_chunk)
+    while c > self.cache_len:
+      c //= 2
     for j in range(0, longest, c):
       part = [b for b in sorted(chunks) if len(chunks[b]) > j]
       # At least 2 rows: XLA's CPU programs for one row run slower than for two.
       n = bucket(len(part), 2)
       subset = self._subset and n < self.slots
       rows = part + [self.slots] * (n - len(part)) if subset else list(range(self.slots))
+      span = self._span(max(int(lengths[b]) for b in part) + c)
       tokens = np.full((len(rows), c), self.rule.pad_id, np.int32)
+      offset = np.full(len(rows), c, np.int32)
       count = np.zeros(len(rows), np.int32)
       reset = np.zeros(len(rows), bool)
       keys = np.zeros((len(rows),) + key_shape, np.uint32)
@@ -437,13 +444,14 @@ class Engine:
         if b >= self.slots or len(chunks.get(b, ())) <= j:
           continue
         piece = chunks[b][j:j + c]
-        tokens[i, :len(piece)], count[i] = piece, len(piece)
+        # A row whose piece would pass the span starts it early (see extend_step).
+        offset[i] = max(0, int(lengths[b]) + c - span)
+        tokens[i, offset[i]:offset[i] + len(piece)], count[i] = piece, len(piece)
         if j == 0 and b in starts:
           reset[i], keys[i] = True, np.asarray(jax.random.key_data(starts[b]))
-      span = self._span(max(int(lengths[b]) for b in part) + c)
       self._log_program("extend", len(rows), c, span)
       self.state = self._extend(self.params, self.state, np.asarray(rows, np.int32), tokens,
-                                count, reset, jax.random.wrap_key_data(keys), cfg=self.cfg,
+                                offset, count, reset, jax.random.wrap_key_data(keys), cfg=self.cfg,
                                 span=span, subset=subset)
       for i, b in enumerate(rows):
         if b < self.slots:

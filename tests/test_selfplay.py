@@ -268,3 +268,21 @@ def test_dynamic_sampling_drops_uniform_groups_from_the_gradient(tmp_path, scrip
   assert m["agent/uniform_groups_dropped"] == 4
   assert m["batch/agent_rows"] == 0 and m["batch/designer_rows"] == 4
   assert m["agent/episodes"] == 4 * (2 + 2)
+
+
+def test_overlap_play_reaches_the_episode_runner(tmp_path, scripted, pool, monkeypatch):
+  # The schedules' transcripts are compared in test_episodes; here only the switch.
+  seen = []
+
+  class Stop(Exception):
+    pass
+
+  def spy(*args, **kwargs):
+    seen.append(kwargs.get("overlap"))
+    raise Stop
+
+  monkeypatch.setattr(iteration_lib, "run_episodes", spy)
+  for overlap in (False, True):
+    with pytest.raises(Stop):
+      _selfplay(tmp_path, pool, overlap_play=overlap).iteration(0)
+  assert seen == [False, True]

@@ -96,6 +96,9 @@ class SelfPlayConfig:
     designer_thinking: the designer and hint writer's chat prefix lets the model think
       (False: Qwen3's non-thinking mode, an empty think block in front of each turn).
     agent_thinking: the same for the agent.
+    overlap_play: step an episode's env as soon as its turn ends, while the sampler
+      decodes the other episodes (same transcripts as lock step; see
+      `selfplay.episodes.run_episodes` and experiments/benchmarks/rollout.py).
   """
 
   setting: str = "games"
@@ -123,6 +126,7 @@ class SelfPlayConfig:
   judge_tokens: int = 256
   designer_thinking: bool = True
   agent_thinking: bool = True
+  overlap_play: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "skills", tuple(self.skills))
@@ -432,7 +436,8 @@ class SelfPlay:
         self.pool, [s.source or "" for s in self.slots], specs, self._policy(it, "agent"),
         self.agent_chat, dz.agent_system_prompt(cfg.setting),
         max_turns=cfg.max_turns, max_turn_tokens=cfg.agent_turn_tokens,
-        max_len=self.trainer.train_cfg.seq_len, setting=cfg.setting)
+        max_len=self.trainer.train_cfg.seq_len, setting=cfg.setting,
+        overlap=cfg.overlap_play)
     times["play"] = time.perf_counter() - t0
 
     r_n, m_n = np.zeros((E, N), np.float32), np.zeros((E, N), bool)

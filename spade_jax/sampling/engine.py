@@ -20,8 +20,8 @@ advance it:
 Each row writes at its own end, so rows that extend and decode at different
 times (continuous batching, overlapped episodes) never leave gaps in another
 row's cache: a row's cache holds exactly its own tokens, and releasing it
-empties it. No compaction is ever needed, and a row's attention span is its
-own length.
+empties it. No compaction is ever needed, and the cache only has to hold the
+longest conversation (plus one spare entry).
 
 The cache (bf16 by default; fp32 for exactness checks) is donated to each
 program, so it is updated in place. On a mesh, rows are sharded over the batch

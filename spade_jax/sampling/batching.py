@@ -154,9 +154,7 @@ def _schedule_overlapped(engine: Engine, first: Sequence[Turn], keys: Sequence[j
         turn, starts = {}, {}
       awaiting = {c for cs in inflight.values() for c in cs}
       active = [c for c in running if c not in awaiting and c not in turn]
-      if not active:
-        if turn and not inflight:
-          continue
+      if not active:  # every running conversation waits on its env step
         if inflight:
           concurrent.futures.wait(inflight, return_when=concurrent.futures.FIRST_COMPLETED)
         continue

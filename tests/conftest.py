@@ -20,3 +20,34 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 if "SPADE_JAX_CACHE" not in os.environ:
   import tempfile  # pylint: disable=g-import-not-at-top
   os.environ["SPADE_JAX_CACHE"] = tempfile.mkdtemp(prefix="spade_jax_cache_")
+
+
+import gc  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+import jax  # pylint: disable=g-import-not-at-top,g-bad-import-order
+import pytest  # pylint: disable=g-import-not-at-top,g-bad-import-order
+
+
+def _mapped_regions() -> int:
+  try:
+    with open("/proc/self/maps", encoding="ascii", errors="replace") as f:
+      return sum(1 for _ in f)
+  except OSError:  # not Linux
+    return 0
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+  """Frees every module's compiled programs when the module ends.
+
+  Each XLA CPU executable holds its own code mappings. A whole suite in one
+  process otherwise keeps thousands alive and reaches the kernel's per-process
+  map limit (vm.max_map_count, 65530 by default), where the next compile
+  crashes with a segmentation fault.
+  """
+  yield
+  jax.clear_caches()
+  gc.collect()
+  if os.environ.get("SPADE_JAX_TEST_MAPS"):
+    with open(os.environ["SPADE_JAX_TEST_MAPS"], "a", encoding="utf-8") as f:
+      f.write(f"{_mapped_regions()}\n")

@@ -14,6 +14,7 @@ from spade_jax import parallel
 from spade_jax.models import (ModelConfig, forward, get_preset, init_params, layer_segments,
                               load_balancing_loss, moe, param_axes, segment_mask,
                               token_logprobs)
+from spade_jax.rl import LossConfig, OptimizerConfig, TrainConfig, Trainer
 
 CFG = get_preset("tiny_moe", num_layers=3, mlp_only_layers=(1,))
 
@@ -240,3 +241,38 @@ def test_expert_parallel_model_gradients_equal_single_device(params):
     l1, g1 = jax.jit(jax.value_and_grad(lambda p: loss(p)))(jax.device_put(params, shard))
   np.testing.assert_allclose(l1, l0, rtol=1e-5)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), g1, g0)
+
+
+def test_train_step_reports_capacity_drops(params):
+  B, T, n = 16, 8, 2
+  rng = np.random.default_rng(0)
+  batch = dict(tokens=rng.integers(3, 259, (B, T)), positions=np.tile(np.arange(T), (B, 1)),
+               segment_ids=np.ones((B, T), np.int32), loss_mask=np.ones((B, T), bool),
+               advantages=rng.normal(size=B).astype(np.float32),
+               sampler_logps=np.full((B, T), -5.5, np.float32), role=np.zeros((B, T), np.int32))
+  mesh, rules = _mesh(_DATA2_EXPERT4)
+  opt = OptimizerConfig(name="sgd", learning_rate=0.0, grad_clip=0.0)
+  cfg = dataclasses.replace(CFG, moe_capacity_factor=0.5)
+  tr = Trainer(cfg, TrainConfig(B, T, n, logprob_chunk=4), LossConfig(), opt, mesh, rules)
+  state = tr.state_from_params(jax.tree.map(jnp.copy, params))  # the step donates it
+  # What the capacity drops in each micro-batch, run as the step runs it.
+  want = 0
+  with parallel.activation_sharding(mesh, rules):
+    dropped = lambda c: jax.jit(lambda p, t, q, s: forward(
+        p, c, t, q, segment_mask(s), return_hidden=True, return_moe_dropped=True)[-1])
+    for rows in np.split(np.arange(B), n):
+      put = lambda a: jax.device_put(jnp.asarray(a[rows]), tr.batch_shardings["tokens"])
+      args = (state.params, put(batch["tokens"]), put(batch["positions"]),
+              put(batch["segment_ids"]))
+      want += int(dropped(cfg)(*args))
+      # Scanned and unrolled layers count the same drops.
+      assert int(dropped(dataclasses.replace(cfg, scan_layers=False))(*args)) == int(
+          dropped(cfg)(*args))
+  _, m = tr.step(state, batch)
+  assert want > 0 and int(m["moe_dropped_copies"]) == want
+  routed = B * T * cfg.num_experts_per_tok * cfg.num_moe_layers
+  np.testing.assert_allclose(m["moe_dropped_frac"], want / routed, rtol=1e-6)
+  # Without a capacity factor nothing is dropped and nothing is reported.
+  tr0 = Trainer(CFG, TrainConfig(B, T, n, logprob_chunk=4), LossConfig(), opt, mesh, rules)
+  _, m0 = tr0.step(tr0.state_from_params(jax.tree.map(jnp.copy, params)), batch)
+  assert "moe_dropped_copies" not in m0 and "moe_dropped_frac" not in m0

@@ -237,7 +237,8 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
             return_router_logits: bool = False,
             attend_len: int | None = None,
             live_len: jax.Array | None = None,
-            write_mask: jax.Array | None = None):
+            write_mask: jax.Array | None = None,
+            return_moe_dropped: bool = False):
   """Runs the decoder.
 
   Args:
@@ -264,10 +265,13 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
     live_len: optional scalar (decode, T == 1): no cache entry at or after it
       is visible; attention then runs `cfg.decode_attention`, which reads
       only the live blocks of a long cache. Otherwise `cfg.attention` runs.
+    return_moe_dropped: also return, last, the (token, expert) copies that
+      `cfg.moe_capacity_factor` dropped, summed over the MoE layers (int32
+      scalar; 0 without a capacity factor or an expert-parallel layout).
 
   Returns:
     (logits [B, T, V] float32 (or hidden [B, T, D]), updated cache or None)
-    and, when requested, router logits.
+    and, when requested, router logits, then the dropped count.
   """
   x = params["embed"].astype(cfg.dtype)[tokens]
   x = constrain(x, ("batch", "length", "embed"))
@@ -275,6 +279,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
   ck_all = cache["k"] if has_cache else None
   cv_all = cache["v"] if has_cache else None
   router_logits = []
+  dropped_total = jnp.int32(0)
 
   def layer(x, ck_all, cv_all, i, lp, mlp_or_moe, is_moe):
     if has_cache:
@@ -284,12 +289,13 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
     else:
       x, _ = _attention_block(x, lp, positions, mask, None, None, cfg)
     h = rms_norm(x, lp["mlp_norm"], cfg.rms_eps)
-    rl = None
+    rl, dropped = None, jnp.int32(0)
     if is_moe:
-      out, rl = moe_mlp(h, mlp_or_moe, cfg)
+      out, rl, dropped = moe_mlp(h, mlp_or_moe, cfg, return_dropped=True)
+      dropped = jnp.asarray(dropped, jnp.int32)
     else:
       out = _dense_mlp(h, mlp_or_moe, cfg)
-    return constrain(x + out, ("batch", "length", "embed")), ck_all, cv_all, rl
+    return constrain(x + out, ("batch", "length", "embed")), ck_all, cv_all, rl, dropped
 
   if not cfg.scan_layers or isinstance(ck_all, tuple):
     # Unrolled: layer i's parameters are static slices; a per-layer cache is
@@ -301,7 +307,9 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
     di = mi = 0
     for i, is_moe in enumerate(cfg.layer_is_moe):
       mp = one(params["moe"], mi) if is_moe else one(params["mlp"], di)
-      x, ck_all, cv_all, rl = step(x, ck_all, cv_all, i, one(params["layers"], i), mp, is_moe)
+      x, ck_all, cv_all, rl, dropped = step(x, ck_all, cv_all, i, one(params["layers"], i), mp,
+                                            is_moe)
+      dropped_total = dropped_total + dropped
       if rl is not None and return_router_logits:
         router_logits.append(rl[None])
       mi, di = mi + is_moe, di + (not is_moe)
@@ -316,7 +324,7 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
         xs["moe"] = _group(params["moe"], mi, repeats, nm)
 
       def group(carry, gp, pattern=pattern):
-        x, i, ck_all, cv_all = carry
+        x, i, ck_all, cv_all, dropped_sum = carry
         logits_out = []
         d = m = 0
         for j, is_moe in enumerate(pattern):
@@ -327,16 +335,18 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
           else:
             mp = jax.tree.map(lambda a, d=d: a[d], gp["mlp"])
             d += 1
-          x, ck_all, cv_all, rl = layer(x, ck_all, cv_all, i, lp, mp, is_moe)
+          x, ck_all, cv_all, rl, dropped = layer(x, ck_all, cv_all, i, lp, mp, is_moe)
+          dropped_sum = dropped_sum + dropped
           if rl is not None:
             logits_out.append(rl)
           i = i + 1
         ys = jnp.stack(logits_out) if (logits_out and return_router_logits) else None
-        return (x, i, ck_all, cv_all), ys
+        return (x, i, ck_all, cv_all, dropped_sum), ys
 
       if cfg.remat != "none":
         group = jax.checkpoint(group, policy=_REMAT[cfg.remat])
-      (x, _, ck_all, cv_all), ys = jax.lax.scan(group, (x, jnp.int32(li), ck_all, cv_all), xs)
+      (x, _, ck_all, cv_all, dropped_total), ys = jax.lax.scan(
+          group, (x, jnp.int32(li), ck_all, cv_all, dropped_total), xs)
       if ys is not None:
         router_logits.append(ys.reshape(-1, *ys.shape[2:]))
       li += repeats * len(pattern)
@@ -345,11 +355,13 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
   x = rms_norm(x, params["final_norm"], cfg.rms_eps)
   new_cache = {"k": ck_all, "v": cv_all} if has_cache else None
   out = x if return_hidden else logits_from_hidden(params, cfg, x)
-  if not return_router_logits:
-    return out, new_cache
-  rl = (jnp.concatenate(router_logits) if router_logits else
-        jnp.zeros((0, *tokens.shape, max(cfg.num_experts, 1)), cfg.dtype))
-  return out, new_cache, rl
+  result = (out, new_cache)
+  if return_router_logits:
+    result += (jnp.concatenate(router_logits) if router_logits else
+               jnp.zeros((0, *tokens.shape, max(cfg.num_experts, 1)), cfg.dtype),)
+  if return_moe_dropped:
+    result += (dropped_total,)
+  return result
 
 
 def logits_from_hidden(params: Params, cfg: ModelConfig, x: jax.Array) -> jax.Array:

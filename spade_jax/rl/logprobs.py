@@ -75,7 +75,8 @@ def chunked_head_logprobs(head_params, cfg: ModelConfig, hidden: jax.Array,
 
 def chunked_token_logprobs(params, cfg: ModelConfig, tokens: jax.Array,
                            positions: jax.Array, segment_ids: jax.Array,
-                           chunk_size: int | None = 512) -> jax.Array:
+                           chunk_size: int | None = 512, *,
+                           return_moe_dropped: bool = False):
   """Log-probability of each token given its prefix within its segment.
 
   Args:
@@ -84,19 +85,27 @@ def chunked_token_logprobs(params, cfg: ModelConfig, tokens: jax.Array,
     tokens, positions, segment_ids: [B, T]; segment id 0 marks padding.
     chunk_size: positions per logits chunk; None or 0 computes the full
       [B, T, V] logits (`spade_jax.models.token_logprobs`).
+    return_moe_dropped: also return the (token, expert) copies the MoE
+      capacity factor dropped (see `forward`).
 
   Returns:
     [B, T] float32; entry t is log p(tokens[t] | tokens[<t]) within the same
-    segment, and 0 at t = 0, at segment starts and on padding.
+    segment, and 0 at t = 0, at segment starts and on padding. With
+    `return_moe_dropped`, (that, the int32 dropped count).
   """
-  if not chunk_size:
+  if not chunk_size and not return_moe_dropped:
     return _full_token_logprobs(params, cfg, tokens, positions, segment_ids)
-  hidden, _ = forward(params, cfg, tokens, positions, segment_mask(segment_ids),
-                      return_hidden=True)
+  hidden, _, dropped = forward(params, cfg, tokens, positions, segment_mask(segment_ids),
+                               return_hidden=True, return_moe_dropped=True)
   # Position t predicts token t + 1 (the last position's target is a dummy).
   targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))
-  nxt = chunked_head_logprobs(_head_params(params), cfg, hidden, targets,
-                              chunk_size)[:, :-1]
+  if chunk_size:
+    nxt = chunked_head_logprobs(_head_params(params), cfg, hidden, targets, chunk_size)
+  else:
+    logp = jax.nn.log_softmax(logits_from_hidden(params, cfg, hidden), axis=-1)
+    nxt = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  nxt = nxt[:, :-1]
   same = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0)
   nxt = jnp.where(same, nxt, 0.0)
-  return jnp.concatenate([jnp.zeros_like(nxt[:, :1]), nxt], axis=1)
+  logps = jnp.concatenate([jnp.zeros_like(nxt[:, :1]), nxt], axis=1)
+  return (logps, dropped) if return_moe_dropped else logps

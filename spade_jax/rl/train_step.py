@@ -350,19 +350,33 @@ class Trainer:
                       ref_params=ref)
 
   # -- update ----------------------------------------------------------------
-  def _logps(self, params, mb):
+  @property
+  def counts_moe_drops(self) -> bool:
+    """Whether the step reports MoE capacity drops (a capacity factor is set)."""
+    return self.model_cfg.num_moe_layers > 0 and self.model_cfg.moe_capacity_factor > 0
+
+  def _logps(self, params, mb, return_moe_dropped: bool = False):
     return chunked_token_logprobs(params, self.model_cfg, mb["tokens"],
                                   mb["positions"], mb["segment_ids"],
-                                  self.train_cfg.logprob_chunk)
+                                  self.train_cfg.logprob_chunk,
+                                  return_moe_dropped=return_moe_dropped)
 
   def _micro_terms(self, params, ref_params, mb):
-    logps = self._logps(params, mb)
+    if self.counts_moe_drops:
+      logps, dropped = self._logps(params, mb, return_moe_dropped=True)
+    else:
+      logps = self._logps(params, mb)
     ref = None
     if self.loss_cfg.kl_coef:
       ref = jax.lax.stop_gradient(self._logps(ref_params, mb))
     loss_sum, denom, sums = self.objective.terms(
         logps, mb, ref_logps=ref, old_logps=self.train_cfg.old_logps,
         config=self.loss_cfg)
+    if self.counts_moe_drops:  # every position is routed, padding included
+      cfg = self.model_cfg
+      routed = mb["tokens"].size * cfg.num_experts_per_tok * cfg.num_moe_layers
+      sums = dict(sums, moe_dropped_copies=dropped.astype(jnp.float32),
+                  moe_routed_copies=jnp.float32(routed))
     return loss_sum, (denom, sums)
 
   def _batch_sums(self, params, ref_params, batch: dict[str, jax.Array]):
@@ -390,6 +404,9 @@ class Trainer:
     updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = self.objective.finalize(loss_sum, denom, sums)
+    if "moe_dropped_copies" in sums:
+      metrics["moe_dropped_copies"] = sums["moe_dropped_copies"]
+      metrics["moe_dropped_frac"] = sums["moe_dropped_copies"] / sums["moe_routed_copies"]
     metrics["grad_norm"] = optax.global_norm(grads)
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
@@ -471,7 +488,10 @@ class Trainer:
     Returns:
       (new state, metrics): the objective's metrics ("grpo":
       `finalize_train_metrics`; "sft": `sft.finalize_sft_metrics`) plus
-      "grad_norm".
+      "grad_norm" and, for an MoE model with `moe_capacity_factor` > 0,
+      "moe_dropped_copies" (the (token, expert) copies the capacity dropped,
+      over the MoE layers and all rows, padding included) and
+      "moe_dropped_frac" (that over every routed copy).
 
     Raises:
       ValueError: for a missing field, a wrongly shaped field, or an empty

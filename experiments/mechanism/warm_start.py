@@ -252,7 +252,7 @@ def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
 
 
 # What `python -m experiments.mechanism.warm_start` builds (the flags' defaults).
-DEFAULTS = dict(steps=220, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
+DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4, remat="none")
 SMOKE_BUILD = dict(steps=3, batch_size=8, num_microbatches=1, designer_rows=4, agent_rows=8, checkpoint_every=2,
@@ -262,7 +262,7 @@ SMOKE_BUILD = dict(steps=3, batch_size=8, num_microbatches=1, designer_rows=4, a
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
   global _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _REMAT, _SEQ, _SMOKE, _STEPS
-  _STEPS = flags.DEFINE_integer("steps", 220, "Optimizer steps.")
+  _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
   _MICRO = flags.DEFINE_integer("num_microbatches", 4, "Micro-batches per step (memory).")

@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from spade_jax.models import ChatTemplate, get_preset, init_params, token_logprobs
-from spade_jax.sampling import Sampler, SamplingConfig
+from spade_jax.sampling import Request, Sampler, SamplingConfig
+from spade_jax.sampling.rules import row_keys
 from spade_jax.sandbox.pool import CallResult
-from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes
+from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes, run_episodes_with_requests
 
 CFG = get_preset("tiny")
 
@@ -150,3 +151,34 @@ def test_overlapped_rollout_equals_lock_step(params, max_slots):
     assert a.tokens == b.tokens and a.loss_mask == b.loss_mask
     assert (a.turns, a.outcome, a.reward) == (b.turns, b.outcome, b.reward)
     np.testing.assert_allclose(a.logps, b.logps, atol=1e-5)
+
+
+@pytest.mark.parametrize("max_slots", [None, 3])
+def test_requests_decode_beside_the_episodes(params, max_slots):
+  # One-shot requests (the next regeneration's designer programs) ride on the episodes'
+  # engine rows: the episodes' transcripts are unchanged and each request's output is
+  # the row `generate` draws with the same key and parameters.
+  rule = SamplingConfig(temperature=1.0, eos_id=1, eos_ids=(3, 4, 5), pad_id=0)
+  prompts = [[5 + i] * (3 + 7 * i) for i in range(3)]
+  alone = _play(Sampler(params, CFG, rule, jax.random.key(5)), SPECS)
+  designer = Sampler(params, CFG, rule, jax.random.key(9))
+  ref = designer(prompts, 40)
+  key = jax.random.fold_in(jax.random.key(9), 0)  # the designer's call 0, as `ref` drew
+  requests = [Request(p, 40, k) for p, k in zip(prompts, row_keys(key, len(prompts)))]
+  eps, done = run_episodes_with_requests(
+      _FakePool(), ["src"], SPECS, Sampler(params, CFG, rule, jax.random.key(5)),
+      ChatTemplate(_Bytes()), "s", requests, max_turns=4, max_turn_tokens=6, max_len=200,
+      max_slots=max_slots)
+  for a, b in zip(alone, eps):
+    assert a.tokens == b.tokens and a.loss_mask == b.loss_mask
+    assert (a.turns, a.outcome, a.reward) == (b.turns, b.outcome, b.reward)
+    np.testing.assert_allclose(a.logps, b.logps, atol=1e-5)
+  assert [c.tokens for c in done] == ref.tokens
+  assert [c.finished for c in done] == ref.finished
+  for c, lps in zip(done, ref.logprobs):
+    np.testing.assert_allclose(c.logprobs, lps, atol=1e-5)
+  assert max(map(len, ref.tokens)) > 6  # a request outlived the episodes' turns
+  with pytest.raises(ValueError, match="empty prompt"):
+    run_episodes_with_requests(_FakePool(), ["src"], SPECS, designer, ChatTemplate(_Bytes()),
+                               "s", [Request([], 4, key)], max_turns=1, max_turn_tokens=4,
+                               max_len=200)

@@ -14,7 +14,8 @@ from spade_jax.selfplay.baselines import (ENV_SOURCES, EnvSource, RLVESource, St
 from spade_jax.selfplay.batch import Row, build_batches
 from spade_jax.selfplay.buffer import RegretBuffer
 from spade_jax.selfplay.build import Run, RunConfig, build_run, load_vocab, make, resolve, summary
-from spade_jax.selfplay.episodes import Episode, EpisodeSpec, run_episodes
+from spade_jax.selfplay.episodes import (Episode, EpisodeSpec, run_episodes,
+                                        run_episodes_with_requests)
 from spade_jax.selfplay.iteration import RoleSampling, SelfPlay, SelfPlayConfig, Slot
 from spade_jax.selfplay.loop import eval_due, evaluate_policy, progress_line, train
 from spade_jax.selfplay.rewards import (VARIANTS, EnvStats, RewardConfig, RewardOutput,

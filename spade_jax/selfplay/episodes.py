@@ -7,7 +7,9 @@ turn's prefix are appended to the row's cache and decoding continues, so the
 history is never prefilled again; when an episode ends, a waiting one takes
 its slot (`max_slots`; the scheduler is `spade_jax.sampling.schedule`). A
 plain `(prompts, max_new) -> Generation` callable is also accepted and
-re-reads the whole transcript each turn.
+re-reads the whole transcript each turn. `run_episodes_with_requests` decodes
+one-shot requests (the next regeneration's designer programs) on the same
+engine rows while the episodes play.
 
 Transcripts are token lists with a loss mask that is True only on tokens the
 policy generated; they are exactly the ids the sampler conditioned on, and
@@ -30,7 +32,8 @@ import jax
 from spade_jax import envs
 from spade_jax.designer import hinted_observation
 from spade_jax.models.chat import ChatTemplate
-from spade_jax.sampling import Generation, Output, Sampler, Turn, schedule
+from spade_jax.sampling import (Completion, Generation, Output, Request, Sampler, Turn,
+                                schedule)
 from spade_jax.sandbox import FAILURES
 
 Policy = Sampler | Callable[[list[list[int]], int], Generation]
@@ -109,6 +112,48 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
     Episodes in the order of `specs`. Sandbox failures end an episode with the
     failure reason as outcome; they never raise.
   """
+  episodes, _ = _run(pool, sources, specs, policy, chat, system_prompt, (),
+                     max_turns=max_turns, max_turn_tokens=max_turn_tokens, max_len=max_len,
+                     max_slots=max_slots, setting=setting, overlap=overlap)
+  return episodes
+
+
+def run_episodes_with_requests(
+    pool, sources: Sequence[str], specs: Sequence[EpisodeSpec], sampler: Sampler,
+    chat: ChatTemplate, system_prompt: str | None, requests: Sequence[Request], *,
+    max_turns: int, max_turn_tokens: int, max_len: int, max_slots: int | None = None,
+    setting: str = "games") -> tuple[list[Episode], list[Completion]]:
+  """`run_episodes`, with one-shot generation requests decoded on the same engine rows.
+
+  The requests (e.g. the designer's programs for the next regeneration) join the
+  episodes' batch: they take rows first and decode while the episodes alternate turns
+  and env steps, so a long request never holds up a turn and the device never waits on
+  the host for them. Episodes run with the overlapped schedule (same transcripts as lock
+  step). A request's output depends only on its key and the parameters: it is the row
+  `generate` draws with the same key (`sampling.row_keys`).
+
+  Args:
+    pool, sources, specs, chat, system_prompt, max_turns, max_turn_tokens, max_len,
+    max_slots, setting: as `run_episodes` (``max_slots`` counts request rows too).
+    sampler: the policy; its rule decodes the requests as well.
+    requests: `sampling.Request`s (non-empty prompts).
+
+  Returns:
+    (episodes in the order of `specs`, one `Completion` per request in order).
+  """
+  for r, req in enumerate(requests):
+    if len(req.prompt) == 0:
+      raise ValueError(f"Request {r} has an empty prompt; every prompt needs a token.")
+  if not isinstance(sampler, Sampler):
+    raise TypeError(f"run_episodes_with_requests needs a Sampler policy (its engine decodes "
+                    f"the requests); got {type(sampler).__name__}.")
+  return _run(pool, sources, specs, sampler, chat, system_prompt, requests,
+              max_turns=max_turns, max_turn_tokens=max_turn_tokens, max_len=max_len,
+              max_slots=max_slots, setting=setting, overlap=True)
+
+
+def _run(pool, sources, specs, policy, chat, system_prompt, requests, *, max_turns,
+         max_turn_tokens, max_len, max_slots, setting, overlap):
   handles = envs.start(pool, [sources[s.env] for s in specs], setting, max_turns)
   try:
     resets = pool.reset_many(handles, seeds=[s.seed for s in specs])
@@ -127,17 +172,19 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
         continue
       running.append(i)
 
+    completions = [Completion([], [], False, -1) for _ in requests]
     if isinstance(policy, Sampler):
       running = _play_cached(pool, handles, episodes, running, policy, chat,
                              max_turns=max_turns, max_turn_tokens=max_turn_tokens,
-                             max_len=max_len, max_slots=max_slots, overlap=overlap)
+                             max_len=max_len, max_slots=max_slots, overlap=overlap,
+                             requests=requests, completions=completions)
     else:
       running = _play_reread(pool, handles, episodes, running, policy, chat,
                              max_turns=max_turns, max_turn_tokens=max_turn_tokens,
                              max_len=max_len)
     for i in running:
       episodes[i].outcome = "max_turns"
-    return episodes
+    return episodes, completions
   finally:
     pool.release(handles)
 
@@ -194,22 +241,36 @@ def _play_reread(pool, handles, episodes, running, policy, chat, *, max_turns,
 
 
 def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, max_turns,
-                 max_turn_tokens, max_len, max_slots, overlap=False) -> list[int]:
+                 max_turn_tokens, max_len, max_slots, overlap=False, requests=(),
+                 completions=()) -> list[int]:
   """Turns through one engine row per episode (`sampling.schedule`); waiting
-  episodes take freed rows.
+  episodes take freed rows. Requests (conversations 0..R-1) go first; each fills
+  its `completions` entry.
 
   Returns the episodes still running after `max_turns` turns.
   """
-  if not running:
+  R = len(requests)
+  if not running and not R:
     return []
-  slots = min(len(running), max_slots or len(running))
-  # A row holds one transcript: at most max_len tokens (the turn budget included).
-  engine = sampler.engine(slots, max_len)
-  key = sampler.next_key()
+  n = R + len(running)
+  slots = min(n, max_slots or n)
+  # A row holds one transcript: at most max_len tokens (the turn budget included), or
+  # one request's prompt and new tokens.
+  need = max([max_len] + [len(q.prompt) + q.max_new_tokens for q in requests])
+  engine = sampler.engine(slots, need)
+  key = sampler.next_key() if running else None
   left_over: list[int] = []
 
   def respond(outputs: dict[int, Output]) -> dict[int, Turn | None]:
-    idx = [running[c] for c in outputs]
+    nxt: dict[int, Turn | None] = {}
+    for c in [c for c in outputs if c < R]:  # whole outputs: the overlapped schedule
+      toks, lps, hit = outputs.pop(c)
+      completions[c].tokens, completions[c].logprobs = list(toks), list(lps)
+      completions[c].finished = hit
+      nxt[c] = None
+    if not outputs:
+      return nxt
+    idx = [running[c - R] for c in outputs]
     actions = []
     for i, (toks, lps, _) in zip(idx, outputs.values()):
       _extend(episodes[i], toks, True, lps)
@@ -217,7 +278,6 @@ def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, ma
       actions.append(chat.vocab.decode(toks))
     results = pool.step_many([handles[i] for i in idx], actions)
     cont = _step_results(episodes, chat, idx, results, max_turn_tokens, max_len)
-    nxt: dict[int, Turn | None] = {}
     for c, i in zip(outputs, idx):
       if i in cont and episodes[i].turns < max_turns:
         nxt[c] = Turn(cont[i], max_turn_tokens)
@@ -227,6 +287,10 @@ def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, ma
       nxt[c] = None
     return nxt
 
-  schedule(engine, [Turn(list(episodes[i].tokens), max_turn_tokens) for i in running],
-           [jax.random.fold_in(key, i) for i in running], respond, overlap=overlap)
+  first = ([Turn(list(q.prompt), q.max_new_tokens) for q in requests]
+           + [Turn(list(episodes[i].tokens), max_turn_tokens) for i in running])
+  keys = [q.key for q in requests] + [jax.random.fold_in(key, i) for i in running]
+  rows = schedule(engine, first, keys, respond, overlap=overlap or bool(R))
+  for c, row in zip(completions, rows):
+    c.slot = row
   return left_over

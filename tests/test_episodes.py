@@ -153,8 +153,8 @@ def test_overlapped_rollout_equals_lock_step(params, max_slots):
     np.testing.assert_allclose(a.logps, b.logps, atol=1e-5)
 
 
-@pytest.mark.parametrize("max_slots", [None, 3])
-def test_requests_decode_beside_the_episodes(params, max_slots):
+@pytest.mark.parametrize("max_slots,overlap", [(None, False), (3, False), (None, True)])
+def test_requests_decode_beside_the_episodes(params, max_slots, overlap):
   # One-shot requests (the next regeneration's designer programs) ride on the episodes'
   # engine rows: the episodes' transcripts are unchanged and each request's output is
   # the row `generate` draws with the same key and parameters.
@@ -168,7 +168,7 @@ def test_requests_decode_beside_the_episodes(params, max_slots):
   eps, done = run_episodes_with_requests(
       _FakePool(), ["src"], SPECS, Sampler(params, CFG, rule, jax.random.key(5)),
       ChatTemplate(_Bytes()), "s", requests, max_turns=4, max_turn_tokens=6, max_len=200,
-      max_slots=max_slots)
+      max_slots=max_slots, overlap=overlap)
   for a, b in zip(alone, eps):
     assert a.tokens == b.tokens and a.loss_mask == b.loss_mask
     assert (a.turns, a.outcome, a.reward) == (b.turns, b.outcome, b.reward)

@@ -23,8 +23,8 @@ def params():
 
 
 def _engine(params, rule, **kw):
-  return Engine(CFG, params, slots=SLOTS, max_len=kw.pop("max_len", MAX_LEN), rule=rule,
-                cache_dtype="float32", **kw)
+  return Engine(CFG, params, slots=kw.pop("slots", SLOTS), max_len=kw.pop("max_len", MAX_LEN),
+                rule=rule, cache_dtype="float32", **kw)
 
 
 def _full_logps(params, seq, width=64):
@@ -275,3 +275,38 @@ def test_bfloat16_model_generates_on_cpu(decode_layout):
   eng.extend({0: list(range(3, 40)), 1: [5, 6]}, {0: jax.random.key(0), 1: jax.random.key(1)})
   out = eng.decode({0: 6, 1: 6})
   assert all(len(out[b][0]) == 6 and np.isfinite(out[b][1]).all() for b in (0, 1))
+
+
+@pytest.mark.parametrize("decode_layout", ["feature_major", "batch_major"])
+def test_decode_on_a_subset_of_rows_equals_every_row(params, decode_layout):
+  # Three active rows of eight decode on a 4-row gather of their cache: same tokens and
+  # log-probs as decoding all eight rows, and the other rows' caches are left as they were.
+  rule = SamplingConfig(temperature=1.0, eos_id=-1, eos_ids=(7,))
+  base = jax.random.key(11)
+  out = {}
+  for subset in (True, False):
+    eng = _engine(params, rule, max_len=96, slots=8, decode_layout=decode_layout,
+                  decode_subset=subset)
+    eng.extend({b: [3 + b] * (4 + b) for b in range(8)},
+               {b: jax.random.fold_in(base, b) for b in range(8)})
+    before = jax.tree.map(np.asarray, eng.state.cache)
+    res = eng.decode({0: 20, 2: 9, 5: 30})
+    # Decode again on top (their caches must hold what they emitted).
+    res2 = eng.decode({b: 6 for b in (0, 2, 5) if not res[b][2]} or {1: 6})
+    after = jax.tree.map(np.asarray, eng.state.cache)
+    for b in (1, 3, 4, 6, 7) if subset else ():  # (a full-width step writes a spare entry)
+      if b in res2:
+        continue
+      for x, y in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(x[b] if x.ndim == 4 else x[:, b],
+                                      y[b] if y.ndim == 4 else y[:, b])
+    kinds = {p for p in eng.programs if p[0] == "decode"}
+    assert any(len(p) == 3 and p[2] == 4 for p in kinds) == subset
+    out[subset] = (res, res2, eng.lengths.copy())
+  (r1, r2, n1), (s1, s2, n2) = out[True], out[False]
+  np.testing.assert_array_equal(n1, n2)
+  for a, b in ((r1, s1), (r2, s2)):
+    assert a.keys() == b.keys()
+    for k in a:
+      assert a[k][0] == b[k][0] and a[k][2] == b[k][2]
+      np.testing.assert_allclose(a[k][1], b[k][1], atol=1e-5)

@@ -56,7 +56,7 @@ def scripted(monkeypatch):
   return calls
 
 
-def _selfplay(tmp_path, pool, **overrides):
+def _selfplay(tmp_path, pool, sampling=None, **overrides):
   cfg = get_preset("tiny", vocab_size=4096)
   mesh = parallel.make_mesh(parallel.MeshConfig())
   trainer = rl.Trainer(cfg, rl.TrainConfig(batch_size=16, seq_len=2560), rl.LossConfig(),
@@ -68,7 +68,7 @@ def _selfplay(tmp_path, pool, **overrides):
   vocab = HFTokenizer(tiny.TOKENIZER)
   return iteration_lib.SelfPlay(
       sp_cfg, trainer=trainer, state=trainer.init_state(jax.random.key(0)), vocab=vocab,
-      sampling=SamplingConfig(eos_id=vocab.eos_id), pool=pool,
+      sampling=sampling or SamplingConfig(eos_id=vocab.eos_id), pool=pool,
       corpus=dz.Corpus(dz.CorpusConfig(), workdir=str(tmp_path)),
       memory=dz.EnvMemory(), reward_cfg=selfplay.RewardConfig(credit_window=1),
       validation=envs.ValidationConfig(max_turns=2, random_episodes=2, random_steps=2,
@@ -286,3 +286,96 @@ def test_overlap_play_reaches_the_episode_runner(tmp_path, scripted, pool, monke
     with pytest.raises(Stop):
       _selfplay(tmp_path, pool, overlap_play=overlap).iteration(0)
   assert seen == [False, True]
+
+
+def _designer_calls(calls):
+  return [n for n, new in calls if new == 2048]
+
+
+def _count_steps_only(sp):
+  """Replaces the train step by a step count (these tests are about the design order)."""
+  sp.trainer = type("T", (), {"train_cfg": sp.trainer.train_cfg, "model_cfg": sp.trainer.model_cfg,
+                              "mesh": sp.trainer.mesh, "rules": sp.trainer.rules,
+                              "step": lambda self, st, b: (st.replace(step=st.step + 1), {})})()
+  return sp
+
+
+def test_design_ahead_draws_the_next_regeneration_during_the_plays(tmp_path, scripted, pool):
+  sp = _count_steps_only(_selfplay(tmp_path, pool, design_ahead=True, regen_every=2))
+  sp.iteration(0)
+  assert sp.ahead is None
+  scripted.clear()
+  m1 = sp.iteration(1)  # the last iteration of the cohort draws the next one's designs
+  assert _designer_calls(scripted) == [4] and m1["designer/ahead_samples"] == 4
+  assert "designer/samples" not in m1 and sp.ahead["iteration"] == 2
+  assert sp.ahead["version"] == 1  # the weights after one update, before iteration 1's
+  host, state = json.loads(json.dumps(sp.host_state())), sp.state
+  scripted.clear()
+  m2 = sp.iteration(2)
+  # Nothing changed the prompts meanwhile: every slot takes its sample drawn ahead, no
+  # designer call runs now, and the samples keep the version they were drawn with.
+  assert _designer_calls(scripted) == []
+  assert m2["designer/ahead_used"] == 4 and m2["designer/ahead_stale"] == 0
+  assert m2["designer/samples"] == 4 and m2["designer/valid"] == 1
+  assert [s.origin for s in sp.slots] == ["designer", "pool", "pool", "pool"]
+  drawn = [r for r in sp.sample_records if r["iteration_written"] == 2]
+  assert len(drawn) == 4 and {r["policy_version"] for r in drawn} == {1}
+  # A resumed run (host state through JSON) designs iteration 2 the same way.
+  sp2 = _count_steps_only(_selfplay(tmp_path, pool, design_ahead=True, regen_every=2))
+  sp2.restore_host_state(host)
+  sp2.state = state
+  m2b = sp2.iteration(2)
+  for k in ("designer/ahead_used", "designer/valid", "designer/samples"):
+    assert m2b[k] == m2[k], k
+  assert [s.source for s in sp2.slots] == [s.source for s in sp.slots]
+  # Had the memory changed the prompts (a record in the win-rate band shows as an
+  # exemplar in every prompt of the skill), each slot is drawn again at the regeneration,
+  # as the reference order would, with the current weights.
+  sp3 = _count_steps_only(_selfplay(tmp_path, pool, design_ahead=True, regen_every=2))
+  sp3.restore_host_state(host)
+  sp3.state = state
+  sp3.memory.add(dz.MemoryRecord(program=envs.builtin_program("guess_number"),
+                                 skill="logical deduction", setting="games",
+                                 win_rate_nohint=0.5, regret=0.3, iteration=1))
+  scripted.clear()
+  m2c = sp3.iteration(2)
+  assert _designer_calls(scripted) == [4]
+  assert m2c["designer/ahead_used"] == 0 and m2c["designer/ahead_stale"] == 4
+  drawn = [r for r in sp3.sample_records if r["iteration_written"] == 2]
+  assert {r["policy_version"] for r in drawn} == {2}
+
+
+def test_design_ahead_config_errors(tmp_path, pool):
+  with pytest.raises(ValueError, match="design_ahead.*has no designer"):
+    iteration_lib.SelfPlayConfig(design_ahead=True, env_source="static_pool", hinted_plays=0)
+  vocab = HFTokenizer(tiny.TOKENIZER)
+  rule = SamplingConfig(eos_id=vocab.eos_id)
+  mixed = iteration_lib.RoleSampling(SamplingConfig(temperature=0.6, eos_id=vocab.eos_id),
+                                     rule, rule)
+  with pytest.raises(ValueError, match="designer_sampling=.*differs from sampling"):
+    _selfplay(tmp_path, pool, sampling=mixed, design_ahead=True)
+
+
+def test_design_ahead_decodes_designs_on_the_agent_engine(tmp_path, pool, monkeypatch):
+  # The real policy: the next regeneration's designs go to the episode runner as
+  # requests beside the plays, and the regeneration takes them.
+  seen = []
+  real = iteration_lib.run_episodes_with_requests
+
+  def spy(*args, **kwargs):
+    seen.append(len(args[6]))
+    return real(*args, **kwargs)
+
+  monkeypatch.setattr(iteration_lib, "run_episodes_with_requests", spy)
+  sp = _count_steps_only(_selfplay(tmp_path, pool, design_ahead=True, designer_new_tokens=48,
+                                   max_turns=1, agent_turn_tokens=8, hinted_plays=1, plays=1))
+  m0 = sp.iteration(0)
+  assert seen == [4] and m0["designer/ahead_samples"] == 4
+  assert m0["sampling/designer/ahead_tokens"] > 0
+  assert all(len(t) > 0 for t in sp.ahead["tokens"])
+  m1 = sp.iteration(1)
+  assert m1["designer/ahead_used"] + m1["designer/ahead_stale"] == 4
+  assert m1["designer/samples"] == 4
+  drawn = [p.policy_version for p in sp.pending if p.iteration == 1] + [
+      r["policy_version"] for r in sp.sample_records if r["iteration_written"] == 1]
+  assert drawn.count(0) == m1["designer/ahead_used"]

@@ -14,6 +14,12 @@ produced the same transcripts (tokens, outcomes, log-probs within 1e-4) on every
 With --split it also plays one more round of each, untimed, and prints the seconds spent in engine
 extends and decode calls, their counts and the decode steps run: overlap saves decode steps
 (stragglers), while extends cost the same work either way.
+
+With --designs=D (> 0) it also times `selfplay.design_ahead`'s play phase: the same plays
+followed by D one-shot designer generations (--design_prompt prompt ids, --design_tokens
+new tokens; the reference order, the designs drawn after the plays) against the plays with
+the D generations decoded on the same engine rows (`run_episodes_with_requests`), and
+checks that both give the same transcripts and the same designs.
 """
 
 from __future__ import annotations
@@ -33,6 +39,12 @@ _TURN_TOKENS = flags.DEFINE_integer("turn_tokens", 48, "New tokens per turn at m
 _STEP_MS = flags.DEFINE_float("step_ms", 5.0, "Milliseconds each env step takes.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds per schedule.")
 _MAX_LEN = flags.DEFINE_integer("max_len", 1024, "Transcript token budget per episode.")
+_STOP_EVERY = flags.DEFINE_integer("stop_every", 12, "Every n-th id is a stop id (turns and "
+                                   "designs end after ~n tokens; raise it for long designs).")
+_DESIGNS = flags.DEFINE_integer("designs", 8, "Designer generations for the design-ahead "
+                                "comparison (0: skip it).")
+_DESIGN_PROMPT = flags.DEFINE_integer("design_prompt", 512, "Prompt ids per design.")
+_DESIGN_TOKENS = flags.DEFINE_integer("design_tokens", 256, "New tokens per design at most.")
 _SPLIT = flags.DEFINE_bool("split", True, "Also print where one more round of each schedule "
                            "spends its time (engine extends, decode calls and steps).")
 
@@ -117,7 +129,9 @@ def main(argv):
   from spade_jax.models import ChatTemplate, init_params  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import Sampler, SamplingConfig  # pylint: disable=g-import-not-at-top
   from spade_jax.sandbox import EnvPool, SandboxConfig  # pylint: disable=g-import-not-at-top
-  from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes  # pylint: disable=g-import-not-at-top
+  from spade_jax.sampling import Request, row_keys  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay.episodes import (EpisodeSpec, run_episodes,  # pylint: disable=g-import-not-at-top
+                                           run_episodes_with_requests)
   jax.config.update("jax_platforms", "cpu")
   split = _Split() if _SPLIT.value else None
   chat = ChatTemplate(_Bytes())
@@ -127,9 +141,10 @@ def main(argv):
     for size in _MODELS.value:
       cfg = model_config(size)
       params = init_params(jax.random.key(0), cfg)
-      # ~1 in 12 draws is a stop id: turns end at different lengths.
+      # ~1 in --stop_every draws is a stop id: turns end at different lengths.
       rule = SamplingConfig(temperature=1.0, eos_id=1,
-                            eos_ids=tuple(range(3, cfg.vocab_size, 12)), pad_id=0)
+                            eos_ids=tuple(range(3, cfg.vocab_size, _STOP_EVERY.value)),
+                            pad_id=0)
 
       def play(overlap):
         sampler = Sampler(params, cfg, rule, jax.random.key(7))
@@ -155,6 +170,57 @@ def main(argv):
             f"{_STEP_MS.value:g} ms steps, {_SLOTS.value} rows): lock-step "
             f"{min(times[False]):.2f}/{seq:.2f}s  overlapped {min(times[True]):.2f}/{ovl:.2f}s "
             f"(min/median)  speed-up {seq / ovl:.2f}x  same transcripts {same}", flush=True)
+      if _DESIGNS.value > 0:
+        prompts = [[3 + (7 * d + 13 * i) % 250 for i in range(_DESIGN_PROMPT.value)]
+                   for d in range(_DESIGNS.value)]
+        kw = dict(max_turns=_TURNS.value, max_turn_tokens=_TURN_TOKENS.value,
+                  max_len=_MAX_LEN.value)
+
+        def then_design(overlap):  # the reference order: plays, then the designs
+          agent, designer = (Sampler(params, cfg, rule, jax.random.key(7)),
+                             Sampler(params, cfg, rule, jax.random.key(8)))
+          t0 = time.perf_counter()
+          eps = run_episodes(pool, [source], specs, agent, chat, "Play.", **kw,
+                             max_slots=_SLOTS.value, overlap=overlap)
+          gen = designer(prompts, _DESIGN_TOKENS.value)
+          return time.perf_counter() - t0, eps, gen.tokens
+
+        def together(overlap):  # design ahead: the designs on the plays' engine rows
+          agent = Sampler(params, cfg, rule, jax.random.key(7))
+          key = jax.random.fold_in(jax.random.key(8), 0)  # the designer's call 0
+          reqs = [Request(p, _DESIGN_TOKENS.value, k)
+                  for p, k in zip(prompts, row_keys(key, len(prompts)))]
+          t0 = time.perf_counter()
+          eps, done = run_episodes_with_requests(pool, [source], specs, agent, chat, "Play.",
+                                                 reqs, **kw, overlap=overlap,
+                                                 max_slots=_SLOTS.value + len(prompts))
+          return time.perf_counter() - t0, eps, [c.tokens for c in done]
+
+        runs = {"then": lambda o: then_design(o), "with": lambda o: together(o)}
+        for o in (False, True):  # compile
+          runs["then"](o), runs["with"](o)
+        dt = {(k, o): [] for k in runs for o in (False, True)}
+        same = True
+        for _ in range(_REPEATS.value):
+          got = {}
+          for k, o in dt:  # interleaved rounds
+            t, eps, gen = runs[k](o)
+            dt[k, o].append(t)
+            got[k, o] = (eps, gen)
+          ref_eps, ref_gen = got["then", False]
+          same &= all(gen == ref_gen and all(x.tokens == y.tokens and x.outcome == y.outcome
+                                             for x, y in zip(ref_eps, eps))
+                      for eps, gen in got.values())
+        med = {k: statistics.median(v) for k, v in dt.items()}
+        tokens = sum(map(len, ref_gen))
+        for o in (False, True):
+          name = "overlapped" if o else "lock-step "
+          print(f"      design ahead ({name} plays), {len(prompts)} designs x "
+                f"{_DESIGN_PROMPT.value}+{_DESIGN_TOKENS.value} ids ({tokens} drawn): plays "
+                f"then designs {min(dt['then', o]):.2f}/{med['then', o]:.2f}s, on the same "
+                f"rows {min(dt['with', o]):.2f}/{med['with', o]:.2f}s (min/median)  speed-up "
+                f"{med['then', o] / med['with', o]:.2f}x", flush=True)
+        print(f"      same transcripts and designs in all four {same}", flush=True)
       if split:  # one more (untimed) round of each, with the engine calls timed
         for overlap in (False, True):
           split.reset()

@@ -246,6 +246,27 @@ def decode_loop(params, state: DecodeState, active, budget, stop_on_finish, *,
   return state, toks, logps, eos, n
 
 
+def decode_rows(params, state: DecodeState, rows, active, budget, stop_on_finish, *,
+                cfg: ModelConfig, rule: SamplingConfig, steps: int, feature_major: bool = False):
+  """`decode_loop` on the `rows` only ([n] distinct rows; indices past B pad the
+  bucket: read clipped, never written back): their state is gathered, decoded and
+  written back, so a step costs n rows, not B. `active` / `budget` are [n]; the
+  returned tokens, log-probs and stop flags are [n, ...] in `rows` order."""
+  get = lambda a: a.at[rows].get(mode="clip")
+  kd = jax.random.key_data(state.keys)
+  S = jax.tree.leaves(state.cache["v"])[0].shape[-2]
+  sub = DecodeState(cache=_rows_of(state.cache, rows, S), lengths=get(state.lengths),
+                    logits=get(state.logits), keys=jax.random.wrap_key_data(get(kd)))
+  sub, toks, logps, eos, n = decode_loop(params, sub, active, budget, stop_on_finish,
+                                         cfg=cfg, rule=rule, steps=steps,
+                                         feature_major=feature_major)
+  put = lambda a, x: a.at[rows].set(x, mode="drop")
+  state = DecodeState(cache=_put_rows(state.cache, rows, sub.cache),
+                      lengths=put(state.lengths, sub.lengths),
+                      logits=put(state.logits, sub.logits), keys=state.keys)
+  return state, toks, logps, eos, n
+
+
 def truncate_step(state: DecodeState, drop) -> DecodeState:
   """Drops the last `drop[b]` tokens of each row b."""
   return state.replace(lengths=state.lengths - drop)
@@ -290,6 +311,11 @@ class Engine:
       (feature_major on one CPU device with at least `FEATURE_MAJOR_MIN_SLOTS`
       slots, else batch_major). The copy doubles the weights' memory: pass
       batch_major for a model that only just fits.
+    decode_subset: where the rows live on one device, a decode call whose active
+      rows fit a smaller power of two (at least 2) than the slots runs on those rows
+      only (their cache gathered and written back), so stragglers and a few long
+      requests do not pay for the whole batch each step. False: every decode step
+      runs every row.
   """
 
   def __init__(self, cfg: ModelConfig, params, *, slots: int, max_len: int,
@@ -297,7 +323,7 @@ class Engine:
                cache_dtype: str | None = None, chunk: int = 64,
                detokenize: Callable[[Sequence[int]], str] | None = None,
                layer_cache: str = "auto", prefill_chunk: int | None = None,
-               decode_layout: str = "auto"):
+               decode_layout: str = "auto", decode_subset: bool = True):
     if layer_cache not in ("auto", "per_layer", "stacked"):
       raise ValueError(f"layer_cache={layer_cache!r}; expected 'auto', 'per_layer' or "
                        "'stacked'.")
@@ -337,6 +363,7 @@ class Engine:
     # Extends run the model on the rows that take tokens only (a gather and a
     # write-back of their cache) where the rows live on one device.
     self._subset = mesh is None or mesh.devices.size == 1
+    self._decode_subset = self._subset and decode_subset
     self.fresh = np.zeros(self.slots, bool)  # rows whose logits follow their last token
     self.programs: set[tuple] = set()
     self._param_shardings = self._state_shardings = None
@@ -352,7 +379,7 @@ class Engine:
       self._state_shardings = (
           cache, spec(("batch",), (B,)), spec(("batch", "vocab"), (B, cfg.vocab_size)),
           spec(("batch",), (B,)))
-    (self._init, self._extend, self._decode, self._truncate,
+    (self._init, self._extend, self._decode, self._decode_rows, self._truncate,
      self._release) = _programs(self._state_shardings)
     self.params = self.decode_params = None
     self.set_params(params)
@@ -486,17 +513,34 @@ class Engine:
         return out
       most = max(remaining[b] for b in rows)
       steps = min(bucket(most), bucket(self.chunk)) if self.rule.stop else bucket(most)
-      active = np.zeros(self.slots, bool)
-      active[rows] = True
-      budget = np.zeros(self.slots, np.int32)
+      # Few active rows decode alone (a gather and a write-back of their cache).
+      width = bucket(len(rows), 2)
+      subset = self._decode_subset and width < self.slots
+      at = ({b: i for i, b in enumerate(rows)} if subset
+            else {b: b for b in range(self.slots)})
+      n_rows = width if subset else self.slots
+      active = np.zeros(n_rows, bool)
+      budget = np.zeros(n_rows, np.int32)
       for b in rows:
-        budget[b] = min(remaining[b], steps)
-        self._check_room(b, int(self.lengths[b]), int(budget[b]))
-      self._log_program("decode", steps)
-      self.state, toks, logps, eos, n = self._decode(
-          self.decode_params, self.state, active, budget, np.bool_(stop_on_finish),
-          cfg=self.cfg, rule=self._device_rule, steps=steps, feature_major=self.feature_major)
+        active[at[b]] = True
+        budget[at[b]] = min(remaining[b], steps)
+        self._check_room(b, int(self.lengths[b]), int(budget[at[b]]))
+      if subset:
+        self._log_program("decode", steps, width)
+        index = np.asarray(rows + [self.slots] * (width - len(rows)), np.int32)
+        self.state, toks, logps, eos, n = self._decode_rows(
+            self.decode_params, self.state, index, active, budget, np.bool_(stop_on_finish),
+            cfg=self.cfg, rule=self._device_rule, steps=steps,
+            feature_major=self.feature_major)
+      else:
+        self._log_program("decode", steps)
+        self.state, toks, logps, eos, n = self._decode(
+            self.decode_params, self.state, active, budget, np.bool_(stop_on_finish),
+            cfg=self.cfg, rule=self._device_rule, steps=steps,
+            feature_major=self.feature_major)
       toks, logps, eos, n = jax.device_get((toks, logps, eos, n))
+      toks, logps, eos = ({b: x[at[b]] for b in rows} for x in (toks, logps, eos))
+      budget = {b: budget[at[b]] for b in rows}
       cut_drop = np.zeros(self.slots, np.int32)
       for b in rows:
         # Rows emit on consecutive steps from the first, until they stop.
@@ -504,7 +548,7 @@ class Engine:
         if eos[b]:
           count = int(np.argmax(np.isin(toks[b], self.rule.stop_ids))) + 1
         self.lengths[b] += count
-        t, lp = toks[b, :count].tolist(), logps[b, :count].tolist()
+        t, lp = toks[b][:count].tolist(), logps[b][:count].tolist()
         prev_t, prev_l, _ = out[b]
         hit = bool(eos[b])
         if self.rule.stop and not hit:
@@ -571,9 +615,12 @@ def _programs(shards: tuple | None):
   decode = jax.jit(decode_loop, static_argnames=("cfg", "rule", "steps", "feature_major"),
                    donate_argnums=(1,),
                    out_shardings=None if out is None else (out, None, None, None, None))
+  decode_sub = jax.jit(decode_rows, static_argnames=("cfg", "rule", "steps", "feature_major"),
+                       donate_argnums=(1,),
+                       out_shardings=None if out is None else (out, None, None, None, None))
   truncate = jax.jit(truncate_step, donate_argnums=(0,), out_shardings=out)
   release = jax.jit(release_step, donate_argnums=(0,), out_shardings=out)
-  return init, extend, decode, truncate, release
+  return init, extend, decode, decode_sub, truncate, release
 
 
 def num_engine_programs() -> int:

@@ -122,19 +122,22 @@ def run_episodes_with_requests(
     pool, sources: Sequence[str], specs: Sequence[EpisodeSpec], sampler: Sampler,
     chat: ChatTemplate, system_prompt: str | None, requests: Sequence[Request], *,
     max_turns: int, max_turn_tokens: int, max_len: int, max_slots: int | None = None,
-    setting: str = "games") -> tuple[list[Episode], list[Completion]]:
+    setting: str = "games", overlap: bool = False
+) -> tuple[list[Episode], list[Completion]]:
   """`run_episodes`, with one-shot generation requests decoded on the same engine rows.
 
   The requests (e.g. the designer's programs for the next regeneration) join the
-  episodes' batch: they take rows first and decode while the episodes alternate turns
-  and env steps, so a long request never holds up a turn and the device never waits on
-  the host for them. Episodes run with the overlapped schedule (same transcripts as lock
-  step). A request's output depends only on its key and the parameters: it is the row
-  `generate` draws with the same key (`sampling.row_keys`).
+  episodes' batch: they take rows first and decode in the same decode steps as the
+  episodes' turns. In lock step a request decodes at most one turn's budget per round
+  while episodes remain, so it never holds up a turn; with `overlap` it decodes on while
+  the episodes' envs step. Episode transcripts are those of `run_episodes`, and a
+  request's output depends only on its key and the parameters: it is the row `generate`
+  draws with the same key (`sampling.row_keys`).
 
   Args:
     pool, sources, specs, chat, system_prompt, max_turns, max_turn_tokens, max_len,
-    max_slots, setting: as `run_episodes` (``max_slots`` counts request rows too).
+    max_slots, setting, overlap: as `run_episodes` (``max_slots`` counts request rows
+      too).
     sampler: the policy; its rule decodes the requests as well.
     requests: `sampling.Request`s (non-empty prompts).
 
@@ -149,7 +152,7 @@ def run_episodes_with_requests(
                     f"the requests); got {type(sampler).__name__}.")
   return _run(pool, sources, specs, sampler, chat, system_prompt, requests,
               max_turns=max_turns, max_turn_tokens=max_turn_tokens, max_len=max_len,
-              max_slots=max_slots, setting=setting, overlap=True)
+              max_slots=max_slots, setting=setting, overlap=overlap)
 
 
 def _run(pool, sources, specs, policy, chat, system_prompt, requests, *, max_turns,
@@ -260,16 +263,33 @@ def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, ma
   engine = sampler.engine(slots, need)
   key = sampler.next_key() if running else None
   left_over: list[int] = []
+  alive = [len(running)]  # episodes not ended (lock step reads it; one thread then)
+
+  def budget(c: int) -> int:
+    """A request's next decode budget: one turn's while episodes play in lock step."""
+    left = requests[c].max_new_tokens - len(completions[c].tokens)
+    return left if overlap or not alive[0] else min(left, max_turn_tokens)
 
   def respond(outputs: dict[int, Output]) -> dict[int, Turn | None]:
     nxt: dict[int, Turn | None] = {}
-    for c in [c for c in outputs if c < R]:  # whole outputs: the overlapped schedule
+    going = []
+    for c in [c for c in outputs if c < R]:
       toks, lps, hit = outputs.pop(c)
-      completions[c].tokens, completions[c].logprobs = list(toks), list(lps)
+      completions[c].tokens += toks
+      completions[c].logprobs += lps
       completions[c].finished = hit
-      nxt[c] = None
-    if not outputs:
-      return nxt
+      if hit or len(completions[c].tokens) >= requests[c].max_new_tokens:
+        nxt[c] = None
+      else:
+        going.append(c)
+    if outputs:
+      nxt.update(_respond_episodes(outputs))
+    for c in going:
+      nxt[c] = Turn((), budget(c))
+    return nxt
+
+  def _respond_episodes(outputs: dict[int, Output]) -> dict[int, Turn | None]:
+    nxt: dict[int, Turn | None] = {}
     idx = [running[c - R] for c in outputs]
     actions = []
     for i, (toks, lps, _) in zip(idx, outputs.values()):
@@ -285,12 +305,14 @@ def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, ma
       if i in cont:
         left_over.append(i)
       nxt[c] = None
+      if not overlap:
+        alive[0] -= 1
     return nxt
 
-  first = ([Turn(list(q.prompt), q.max_new_tokens) for q in requests]
+  first = ([Turn(list(q.prompt), budget(c)) for c, q in enumerate(requests)]
            + [Turn(list(episodes[i].tokens), max_turn_tokens) for i in running])
   keys = [q.key for q in requests] + [jax.random.fold_in(key, i) for i in running]
-  rows = schedule(engine, first, keys, respond, overlap=overlap or bool(R))
+  rows = schedule(engine, first, keys, respond, overlap=overlap)
   for c, row in zip(completions, rows):
     c.slot = row
   return left_over

@@ -33,13 +33,14 @@ from spade_jax import designer as dz
 from spade_jax import envs
 from spade_jax.models import ChatTemplate
 from spade_jax.rl import Trainer, TrainState
-from spade_jax.sampling import Sampler, SamplingConfig, num_compiled_programs
+from spade_jax.sampling import Generation, Request, Sampler, SamplingConfig, num_compiled_programs
+from spade_jax.sampling.rules import row_keys
 from spade_jax.sandbox import FAILURES
 from spade_jax.selfplay import rewards as rw
 from spade_jax.selfplay.baselines import ENV_SOURCES, EnvSource
 from spade_jax.selfplay.batch import Row, build_batches
 from spade_jax.selfplay.buffer import RegretBuffer
-from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes
+from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes, run_episodes_with_requests
 
 ROLES = ("designer", "hint", "agent")
 
@@ -99,6 +100,18 @@ class SelfPlayConfig:
     overlap_play: step an episode's env as soon as its turn ends, while the sampler
       decodes the other episodes (same transcripts as lock step; see
       `selfplay.episodes.run_episodes` and experiments/benchmarks/rollout.py).
+    design_ahead: the first designer sample of each slot for the next regeneration is
+      drawn during the plays of the iteration before it, on the agent's engine rows
+      (`episodes.run_episodes_with_requests`), so the designer's decoding overlaps the
+      agent's plays and env steps. Those samples come from the weights before that
+      iteration's update (their policy version is recorded; truncated IS corrects the
+      lag like any stale sample), and their prompts are rebuilt at the regeneration: a
+      slot whose prompt changed meanwhile (the memory took the credited cohort) is drawn
+      again then, so every program answers the prompt the reference would show.
+      Resamples of invalid programs run at the regeneration as usual. A run's last
+      iteration draws them too (checkpointed: a run extended later plays them, as an
+      uninterrupted one would). Needs `designer_sampling` equal to `sampling`. False:
+      the reference's order.
   """
 
   setting: str = "games"
@@ -127,6 +140,7 @@ class SelfPlayConfig:
   designer_thinking: bool = True
   agent_thinking: bool = True
   overlap_play: bool = False
+  design_ahead: bool = False
 
   def __post_init__(self):
     object.__setattr__(self, "skills", tuple(self.skills))
@@ -136,6 +150,10 @@ class SelfPlayConfig:
     for name in ("num_envs", "plays", "max_turns", "regen_every"):
       if getattr(self, name) < 1:
         raise ValueError(f"selfplay.{name} must be >= 1; got {getattr(self, name)}.")
+    if self.design_ahead and self.env_source != "designer":
+      raise ValueError(f"selfplay.design_ahead draws the designer's next programs, but "
+                       f"selfplay.env_source={self.env_source!r} has no designer; set "
+                       "design_ahead=False for the baselines.")
     if self.env_source == "designer" and self.hinted_plays < 1:
       raise ValueError(f"selfplay.hinted_plays={self.hinted_plays}: the designer's regret "
                        "needs hinted plays; set it >= 1 (only the baselines, "
@@ -232,6 +250,12 @@ class SelfPlay:
     self.chat = ChatTemplate(vocab, thinking=cfg.designer_thinking)  # designer + hints
     self.agent_chat = ChatTemplate(vocab, thinking=cfg.agent_thinking)
     self.sampling = RoleSampling.of(sampling)
+    if cfg.design_ahead and self.sampling.designer != self.sampling.agent:
+      raise ValueError(
+          "selfplay.design_ahead decodes the designer's programs on the agent's engine "
+          f"rows, which sample with one rule: designer_sampling={self.sampling.designer} "
+          f"differs from sampling={self.sampling.agent}. Make them equal (the reference "
+          "recipes do) or set selfplay.design_ahead=False.")
     self.pool, self.corpus, self.memory = pool, corpus, memory
     self.reward_cfg, self.validation = reward_cfg, validation
     self.env_source = env_source
@@ -241,6 +265,8 @@ class SelfPlay:
     self.slots = [Slot() for _ in range(cfg.num_envs)]
     self.fresh = np.zeros(cfg.num_envs, bool)  # slots given a new program since the last play
     self.pending: list[DesignSample] = []
+    # The next regeneration's first designer samples, drawn ahead (`design_ahead`).
+    self.ahead: dict[str, Any] | None = None
     self.sample_records: list[dict[str, Any]] = []
     self.on_phase: Callable[[str], None] = lambda phase: None  # progress of long phases
     # Without hinted plays the buffer keeps one hinted column, always masked out.
@@ -263,17 +289,21 @@ class SelfPlay:
 
   # -- design ----------------------------------------------------------------
 
-  def _design(self, it: int, metrics: dict, times: dict) -> None:
-    """Regenerates every slot, resampling invalid programs; samples join `pending`."""
+  def _design_prompts(self, it: int, docs: list | None = None) -> tuple[list, list, list]:
+    """(skills, documents, prompt ids) of each slot at regeneration iteration `it`.
+
+    Documents are drawn from the corpus unless given (a design drawn ahead keeps its own).
+    """
     cfg, E = self.cfg, self.cfg.num_envs
-    self.fresh[:] = True
-    t0 = time.perf_counter()
     skills = regen_skills(self.skills, cfg.skills_per_regen, it // cfg.regen_every, E)
-    prompts, docs = [], []
+    prompts, drawn = [], []
     budget = cfg.designer_prompt_tokens or None
     for e, skill in enumerate(skills):
-      doc = None if cfg.no_corpus else self.corpus.next()
-      docs.append(doc)
+      if docs is not None:
+        doc = docs[e]
+      else:
+        doc = None if cfg.no_corpus else self.corpus.next()
+      drawn.append(doc)
       tool_kw = {}
       if self.setting.tool_harness:  # REFERENCE §5: a domain and a task type per slot
         pick = self._seed(it, e, 3)
@@ -287,15 +317,51 @@ class SelfPlay:
           negative=self.memory.negative(skill, setting=cfg.setting, seed=self._seed(it, e, 2)),
           no_corpus=cfg.no_corpus, budget=budget, count=self._count_tokens)
       prompts.append(self.chat.prompt(None, text))
+    return skills, drawn, prompts
+
+  def _design_ahead_due(self, it: int) -> bool:
+    """Whether iteration `it`'s plays also draw the next regeneration's designs."""
+    return (self.cfg.design_ahead and self.env_source is None
+            and (it + 1) % self.cfg.regen_every == 0)
+
+  def _design(self, it: int, metrics: dict, times: dict) -> None:
+    """Regenerates every slot, resampling invalid programs; samples join `pending`."""
+    cfg, E = self.cfg, self.cfg.num_envs
+    self.fresh[:] = True
+    t0 = time.perf_counter()
+    ahead = self.ahead if self.ahead is not None and self.ahead["iteration"] == it else None
+    self.ahead = None
+    if ahead is not None:  # the same documents; the prompts as the memory stands now
+      skills, docs, prompts = self._design_prompts(
+          it, [dz.Document(**d) if d else None for d in ahead["docs"]])
+    else:
+      skills, docs, prompts = self._design_prompts(it)
     designer = self._policy(it, "designer")
     version = int(jax.device_get(self.state.step))
+    first: dict[int, tuple[list[int], list[float], bool]] = {}
+    if ahead is not None:
+      if isinstance(designer, Sampler):
+        designer.calls = 1  # call 0 of this (iteration, role) drew the designs ahead
+      first = {e: (ahead["tokens"][e], ahead["logps"][e], ahead["finished"][e])
+               for e in range(E) if prompts[e] == ahead["prompts"][e]}
+      metrics["designer/ahead_used"] = len(first)
+      metrics["designer/ahead_stale"] = E - len(first)
     need, attempts, valid = list(range(E)), 0, 0
     reasons: collections.Counter = collections.Counter()
     finished, tokens, validate_s = [], 0, 0.0
     for attempt in range(cfg.designer_resamples + 1):
       if not need:
         break
-      gen = designer([prompts[e] for e in need], cfg.designer_new_tokens)
+      if attempt == 0 and first:
+        todo = [e for e in need if e not in first]
+        new = (designer([prompts[e] for e in todo], cfg.designer_new_tokens) if todo
+               else Generation([], [], []))
+        got = {**first, **{e: (t, l, f) for e, t, l, f in
+                           zip(todo, new.tokens, new.logprobs, new.finished)}}
+        gen = Generation([got[e][0] for e in need], [got[e][1] for e in need],
+                         [got[e][2] for e in need])
+      else:
+        gen = designer([prompts[e] for e in need], cfg.designer_new_tokens)
       t1 = time.perf_counter()
       verdicts = envs.validate_many([self.vocab.decode(t) for t in gen.tokens], self.pool,
                                     self.validation)
@@ -311,7 +377,7 @@ class SelfPlay:
         doc_id = docs[e].id if docs[e] else ""
         sample = DesignSample(e, envs.skill_index(cfg.setting, skills[e]), doc_id, p + toks,
                               [0.0] * len(p) + lps, len(p), v.source, v.reason, it, attempt,
-                              version)
+                              ahead["version"] if attempt == 0 and e in first else version)
         self.pending.append(sample)
         if v.valid:
           valid += 1
@@ -432,12 +498,14 @@ class SelfPlay:
                    for j in range(M)]
     hints = self._episode_hints(sorted(set(hinted)))
     specs += [EpisodeSpec(e, s, True, hints[(e, s)]) for e, s in hinted]
-    episodes = run_episodes(
-        self.pool, [s.source or "" for s in self.slots], specs, self._policy(it, "agent"),
-        self.agent_chat, dz.agent_system_prompt(cfg.setting),
-        max_turns=cfg.max_turns, max_turn_tokens=cfg.agent_turn_tokens,
-        max_len=self.trainer.train_cfg.seq_len, setting=cfg.setting,
-        overlap=cfg.overlap_play)
+    args = (self.pool, [s.source or "" for s in self.slots], specs, self._policy(it, "agent"),
+            self.agent_chat, dz.agent_system_prompt(cfg.setting))
+    kw = dict(max_turns=cfg.max_turns, max_turn_tokens=cfg.agent_turn_tokens,
+              max_len=self.trainer.train_cfg.seq_len, setting=cfg.setting)
+    if self._design_ahead_due(it):
+      episodes = self._play_and_design_ahead(it, args, kw, metrics)
+    else:
+      episodes = run_episodes(*args, **kw, overlap=cfg.overlap_play)
     times["play"] = time.perf_counter() - t0
 
     r_n, m_n = np.zeros((E, N), np.float32), np.zeros((E, N), bool)
@@ -479,6 +547,33 @@ class SelfPlay:
     metrics["sampling/agent/tokens"] = sum(sum(ep.loss_mask) for ep in episodes)
     metrics["env/failed_slots"] = int(failed.sum())
     return nohint
+
+  def _play_and_design_ahead(self, it: int, args: tuple, kw: dict, metrics: dict) -> list:
+    """The plays of `it`, with the first designer sample of each slot for the
+    regeneration at `it + 1` decoded on the same engine rows (`design_ahead`)."""
+    cfg = self.cfg
+    skills, docs, prompts = self._design_prompts(it + 1)
+    designer, agent = self._policy(it + 1, "designer"), args[3]
+    version = int(jax.device_get(self.state.step))
+    if isinstance(designer, Sampler) and isinstance(agent, Sampler):
+      key = designer.next_key()  # call 0 of (it + 1, designer), as `_design` would draw
+      requests = [Request(p, cfg.designer_new_tokens, k)
+                  for p, k in zip(prompts, row_keys(key, len(prompts)))]
+      episodes, done = run_episodes_with_requests(*args, requests, **kw,
+                                                  overlap=cfg.overlap_play)
+      gen = Generation([c.tokens for c in done], [c.logprobs for c in done],
+                       [c.finished for c in done])
+    else:  # a plain callable policy: the same samples, one after the other
+      episodes = run_episodes(*args, **kw, overlap=cfg.overlap_play)
+      gen = designer(prompts, cfg.designer_new_tokens)
+    self.ahead = {"iteration": it + 1, "version": version, "prompts": prompts,
+                  "docs": [dataclasses.asdict(d) if d else None for d in docs],
+                  "tokens": [list(map(int, t)) for t in gen.tokens],
+                  "logps": [list(map(float, l)) for l in gen.logprobs],
+                  "finished": [bool(f) for f in gen.finished]}
+    metrics["designer/ahead_samples"] = len(prompts)
+    metrics["sampling/designer/ahead_tokens"] = sum(len(t) for t in gen.tokens)
+    return episodes
 
   # -- credit ------------------------------------------------------------------
   def _failed_designer_slots(self) -> list[int]:
@@ -634,6 +729,7 @@ class SelfPlay:
         "corpus": self.corpus.state() if self.corpus is not None else None,
         "memory": self.memory.to_json(),
         "env_source": self.env_source.state() if self.env_source is not None else None,
+        "ahead": self.ahead,
     }
 
   def restore_host_state(self, host: dict[str, Any]) -> None:
@@ -643,6 +739,7 @@ class SelfPlay:
     if self.corpus is not None:
       self.corpus.restore(host["corpus"])
     self.memory = dz.EnvMemory.from_json(host["memory"], self.memory.config)
+    self.ahead = host.get("ahead")
     if self.env_source is not None:
       if host.get("env_source") is None:
         raise ValueError(f"The checkpoint holds no state of env source "

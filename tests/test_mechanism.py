@@ -153,8 +153,24 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
                                                 str(tmp_path / "warm_start.json"))))
   assert rec["levels"] == levels and rec["data"]["designer_rows"] == 4
   assert [s for s, _ in rec["loss"]] == [3]  # logged every 10 steps and at the last
+  from experiments.mechanism import diagnose
+  diag = diagnose.diagnose(ws, rows_per_family=2)
+  assert diag and all(r["turns"] > 0 for r in diag.values())
+  for r in diag.values():  # the whole action right implies its format right
+    assert 0.0 <= r["action_rate"] <= r["format_rate"] <= 1.0 and r["nats_per_token"] > 0
   path = run.run("static", 0, smoke=True, workdir=str(tmp_path / "run"))
   out = json.load(open(path))
   assert out["arm"] == "static" and out["iterations"] == 2
   assert [it for it, _ in out["series"]["eval/families/held_out/success"]] == [1, 2]
   assert len(out["series"]["rewards/win_rate_band_frac"]) == 2
+
+
+def test_diagnose_finds_turns_and_the_boxed_answer():
+  from experiments.mechanism import diagnose
+  from spade_jax.models import ByteVocab
+  vocab = ByteVocab()
+  assert diagnose.turns([False, True, True, False, True]) == [(1, 3), (4, 5)]
+  ids = vocab.encode("obs") + vocab.encode("\\boxed{42}")
+  a, b = diagnose.inner(ids, (3, len(ids)), vocab)
+  assert vocab.decode(ids[a:b]) == "42}"
+  assert diagnose.inner(vocab.encode("no box"), (0, 6), vocab) is None

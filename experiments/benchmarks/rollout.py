@@ -18,8 +18,10 @@ extends and decode calls, their counts and the decode steps run: overlap saves d
 With --designs=D (> 0) it also times `selfplay.design_ahead`'s play phase: the same plays
 followed by D one-shot designer generations (--design_prompt prompt ids, --design_tokens
 new tokens; the reference order, the designs drawn after the plays) against the plays with
-the D generations decoded on the same engine rows (`run_episodes_with_requests`), and
-checks that both give the same transcripts and the same designs.
+the D generations decoded on the same engine rows (`run_episodes_with_requests`), each with
+lock-step and overlapped plays, and checks that all four give the same transcripts and the
+same designs. That comparison samples with stops 1 in --design_stop_every ids (rare: a
+program runs long), so its plays' turns mostly run to their budget.
 """
 
 from __future__ import annotations
@@ -44,7 +46,13 @@ _STOP_EVERY = flags.DEFINE_integer("stop_every", 12, "Every n-th id is a stop id
 _DESIGNS = flags.DEFINE_integer("designs", 8, "Designer generations for the design-ahead "
                                 "comparison (0: skip it).")
 _DESIGN_PROMPT = flags.DEFINE_integer("design_prompt", 512, "Prompt ids per design.")
-_DESIGN_TOKENS = flags.DEFINE_integer("design_tokens", 256, "New tokens per design at most.")
+_DESIGN_TOKENS = flags.DEFINE_integer("design_tokens", 512, "New tokens per design at most.")
+_DESIGN_STOP_EVERY = flags.DEFINE_integer(
+    "design_stop_every", 1000, "--stop_every of the design-ahead comparison (plays and "
+    "designs share the engine's rule; a program is long, so stops are rare by default).")
+_DECODE_SUBSET = flags.DEFINE_bool(
+    "decode_subset", True, "Engines decode only the active rows when they fit a smaller "
+    "power of two (`Engine(decode_subset=)`); --nodecode_subset decodes every row.")
 _SPLIT = flags.DEFINE_bool("split", True, "Also print where one more round of each schedule "
                            "spends its time (engine extends, decode calls and steps).")
 
@@ -133,6 +141,8 @@ def main(argv):
   from spade_jax.selfplay.episodes import (EpisodeSpec, run_episodes,  # pylint: disable=g-import-not-at-top
                                            run_episodes_with_requests)
   jax.config.update("jax_platforms", "cpu")
+  from spade_jax.sampling import engine as engine_lib  # pylint: disable=g-import-not-at-top
+  engine_lib.Engine.__init__.__kwdefaults__["decode_subset"] = _DECODE_SUBSET.value
   split = _Split() if _SPLIT.value else None
   chat = ChatTemplate(_Bytes())
   specs = [EpisodeSpec(0, s) for s in range(_EPISODES.value)]
@@ -171,6 +181,8 @@ def main(argv):
             f"{min(times[False]):.2f}/{seq:.2f}s  overlapped {min(times[True]):.2f}/{ovl:.2f}s "
             f"(min/median)  speed-up {seq / ovl:.2f}x  same transcripts {same}", flush=True)
       if _DESIGNS.value > 0:
+        rule = SamplingConfig(temperature=1.0, eos_id=1, pad_id=0, eos_ids=tuple(
+            range(3, cfg.vocab_size, _DESIGN_STOP_EVERY.value)))
         prompts = [[3 + (7 * d + 13 * i) % 250 for i in range(_DESIGN_PROMPT.value)]
                    for d in range(_DESIGNS.value)]
         kw = dict(max_turns=_TURNS.value, max_turn_tokens=_TURN_TOKENS.value,

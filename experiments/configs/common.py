@@ -154,7 +154,11 @@ def recipe(a, *, setting: str, iterations: int, envs: int, plays: int, hinted: i
       designer_prompt_tokens=12_288, skills_per_regen=3, designer_resamples=5,
       regen_every=regen, hint_source="policy", hint_tokens=1024,
       llm_validator=llm_validator, judge_tokens=2048, designer_thinking=True,
-      agent_thinking=True)
+      agent_thinking=True,
+      # Schedule options, off as the reference runs: --config.selfplay.overlap_play=True
+      # steps envs while other rows decode; design_ahead=True decodes the next
+      # regeneration's designs beside the plays before it; dynamic_sampling=True (DAPO).
+      overlap_play=False, design_ahead=False, dynamic_sampling=False)
   c.rewards = dict(variant="blend", credit_window=regen)
   c.corpus = dict(source="embedded", max_words=doc_words)
   c.memory = dict(capacity=200)

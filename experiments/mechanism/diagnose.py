@@ -1,0 +1,133 @@
+r"""What the warm-started agent has learned, per family: its greedy action on the training data.
+
+  python -m experiments.mechanism.diagnose [--rows=24] [--json=PATH] [--smoke]
+
+Reads the warm start's cached agent transcripts (``data.pkl``: the scripted player's
+episodes) and its checkpoint (``hf/``) and, teacher-forced on each transcript, asks for
+every agent turn whether the model's arg-max continuation is the player's whole action
+(``\boxed{...}`` and the end of turn). Per seen family it prints that rate, the rate with
+the answer inside ``\boxed{}`` ignored (format only), and the nats per trained token. A
+model that has the format but not the decisions shows a high format rate and a low action
+rate. The player slips on ~10% of turns (``warm_start.P_SLIP``), so 90% is about the best
+possible action rate.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pickle
+
+from absl import app
+from absl import flags
+
+_ROWS = flags.DEFINE_integer("rows", 24, "Transcripts per family.")
+_JSON = flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
+_SMOKE = flags.DEFINE_bool("smoke", False, "Use the smoke warm start.")
+
+
+def turns(mask) -> list[tuple[int, int]]:
+  """[start, end) of each run of True in ``mask`` (an agent turn)."""
+  out, start = [], None
+  for i, m in enumerate(list(mask) + [False]):
+    if m and start is None:
+      start = i
+    elif not m and start is not None:
+      out.append((start, i))
+      start = None
+  return out
+
+
+def inner(tokens, span, vocab) -> tuple[int, int] | None:
+  """[start, end) of the tokens between ``\\boxed{`` and its ``}`` in one turn, or None."""
+  a, b = span
+  for i in range(a, b):
+    if vocab.decode(tokens[a:i + 1]).endswith("\\boxed{"):
+      for j in range(i + 1, b):
+        if "}" in vocab.decode(tokens[i + 1:j + 1]):
+          return i + 1, j + 1
+      return None
+  return None
+
+
+def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
+  """Per-family action rate, format rate and nats per trained token (see the docstring)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  from spade_jax.models.qwen3 import forward, segment_mask  # pylint: disable=g-import-not-at-top
+  from spade_jax.models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
+  for name in ("data.pkl", "hf"):
+    if not os.path.exists(os.path.join(out_dir, name)):
+      raise FileNotFoundError(f"{os.path.join(out_dir, name)} is missing: build the warm start "
+                              "first (python -m experiments.mechanism.warm_start).")
+  with open(os.path.join(out_dir, "data.pkl"), "rb") as f:
+    rows = pickle.load(f)
+  params, cfg = models.load_hf(os.path.join(out_dir, "hf"))
+  vocab = load_tokenizer(os.path.join(out_dir, "hf"))
+  by_family = collections.defaultdict(list)
+  for r in rows:
+    if r.role == data.AGENT:
+      by_family[r.meta["family"]].append(r)
+
+  @jax.jit
+  def predict(tokens):
+    T = tokens.shape[1]
+    logits, _ = forward(params, cfg, tokens, jnp.arange(T)[None], segment_mask(
+        jnp.ones_like(tokens)))
+    return jnp.argmax(logits, -1), jax.nn.log_softmax(logits, -1)
+
+  rng = np.random.default_rng(seed)
+  out = {}
+  for family in sorted(by_family):
+    pool = by_family[family]
+    pick = rng.choice(len(pool), min(rows_per_family, len(pool)), replace=False)
+    n_turns = action_ok = format_ok = 0
+    nll, n_tok = 0.0, 0
+    for k in pick:
+      ex = pool[int(k)]
+      width = 1 << (len(ex.tokens) - 1).bit_length()
+      t = np.zeros((1, width), np.int32)
+      t[0, :len(ex.tokens)] = ex.tokens
+      am, lp = jax.device_get(predict(jnp.asarray(t)))
+      pred = am[0]
+      for a, b in turns(ex.mask):
+        if a == 0:
+          continue
+        target = np.asarray(ex.tokens[a:b])
+        guess = pred[a - 1:b - 1]
+        n_turns += 1
+        action_ok += int(np.array_equal(guess, target))
+        box = inner(ex.tokens, (a, b), vocab)
+        keep = np.ones(b - a, bool)
+        if box is not None:  # the answer; a "}" token of its own stays format
+          end = box[1] - 1 if vocab.decode(ex.tokens[box[1] - 1:box[1]]) == "}" else box[1]
+          keep[box[0] - a:end - a] = False
+        format_ok += int(np.array_equal(guess[keep], target[keep]))
+        nll -= float(lp[0, np.arange(a - 1, b - 1), target].sum())
+        n_tok += b - a
+    out[family] = {"turns": n_turns, "action_rate": action_ok / max(n_turns, 1),
+                   "format_rate": format_ok / max(n_turns, 1),
+                   "nats_per_token": nll / max(n_tok, 1)}
+  return out
+
+
+def main(argv):
+  del argv
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  res = diagnose(common.warm_start_dir(_SMOKE.value), _ROWS.value)
+  print(f"{'family':18s} {'turns':>5s} {'action':>7s} {'format':>7s} {'nats/tok':>8s}")
+  for fam, r in res.items():
+    print(f"{fam:18s} {r['turns']:5d} {r['action_rate']:7.2f} {r['format_rate']:7.2f} "
+          f"{r['nats_per_token']:8.3f}")
+  if _JSON.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
+    with open(_JSON.value, "w") as f:
+      json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+  app.run(main)

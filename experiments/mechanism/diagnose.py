@@ -40,13 +40,18 @@ def turns(mask) -> list[tuple[int, int]]:
 
 
 def inner(tokens, span, vocab) -> tuple[int, int] | None:
-  """[start, end) of the tokens between ``\\boxed{`` and its ``}`` in one turn, or None."""
+  """[start, end) of the tokens that hold the answer between ``\\boxed{`` and its ``}``
+  in one turn (a token that merges the brace with the answer counts as answer), or None."""
   a, b = span
   for i in range(a, b):
-    if vocab.decode(tokens[a:i + 1]).endswith("\\boxed{"):
+    text = vocab.decode(tokens[a:i + 1])
+    if "\\boxed{" in text:
+      start = i + 1 if text.endswith("\\boxed{") else i
+      if "}" in text.split("\\boxed{", 1)[1]:
+        return start, i + 1
       for j in range(i + 1, b):
         if "}" in vocab.decode(tokens[i + 1:j + 1]):
-          return i + 1, j + 1
+          return start, j + 1
       return None
   return None
 

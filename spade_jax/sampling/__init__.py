@@ -5,4 +5,5 @@ from spade_jax.sampling.rules import (Greedy, MinP, SamplingConfig, Temperature,
                                       TopP, draw, row_keys, sample_logits)
 from spade_jax.sampling.sampler import (Generation, Sampler, generate,
                                         num_compiled_programs)
-from spade_jax.sampling.batching import Completion, Output, Request, Turn, schedule, serve
+from spade_jax.sampling.batching import (Completion, Output, Request, Turn, check_requests,
+                                         schedule, serve)

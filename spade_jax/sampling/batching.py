@@ -187,6 +187,13 @@ class Request:
   key: jax.Array
 
 
+def check_requests(requests: Sequence[Request]) -> None:
+  """Raises naming the first request with an empty prompt."""
+  for r, req in enumerate(requests):
+    if len(req.prompt) == 0:
+      raise ValueError(f"Request {r} has an empty prompt; every prompt needs a token.")
+
+
 @dataclasses.dataclass
 class Completion:
   """A finished request: its tokens, raw-model log-probs and whether it hit a stop."""
@@ -209,9 +216,7 @@ def serve(engine: Engine, requests: Sequence[Request],
   Returns:
     One :class:`Completion` per request, in request order.
   """
-  for r, req in enumerate(requests):
-    if len(req.prompt) == 0:
-      raise ValueError(f"Request {r} has an empty prompt; every prompt needs a token.")
+  check_requests(requests)
   out = [Completion([], [], False, -1) for _ in requests]
   left = [req.max_new_tokens for req in requests]
 

@@ -33,7 +33,7 @@ from spade_jax import envs
 from spade_jax.designer import hinted_observation
 from spade_jax.models.chat import ChatTemplate
 from spade_jax.sampling import (Completion, Generation, Output, Request, Sampler, Turn,
-                                schedule)
+                                check_requests, schedule)
 from spade_jax.sandbox import FAILURES
 
 Policy = Sampler | Callable[[list[list[int]], int], Generation]
@@ -144,9 +144,7 @@ def run_episodes_with_requests(
   Returns:
     (episodes in the order of `specs`, one `Completion` per request in order).
   """
-  for r, req in enumerate(requests):
-    if len(req.prompt) == 0:
-      raise ValueError(f"Request {r} has an empty prompt; every prompt needs a token.")
+  check_requests(requests)
   if not isinstance(sampler, Sampler):
     raise TypeError(f"run_episodes_with_requests needs a Sampler policy (its engine decodes "
                     f"the requests); got {type(sampler).__name__}.")

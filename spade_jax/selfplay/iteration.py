@@ -33,8 +33,8 @@ from spade_jax import designer as dz
 from spade_jax import envs
 from spade_jax.models import ChatTemplate
 from spade_jax.rl import Trainer, TrainState
-from spade_jax.sampling import Generation, Request, Sampler, SamplingConfig, num_compiled_programs
-from spade_jax.sampling.rules import row_keys
+from spade_jax.sampling import (Generation, Request, Sampler, SamplingConfig,
+                                num_compiled_programs, row_keys)
 from spade_jax.sandbox import FAILURES
 from spade_jax.selfplay import rewards as rw
 from spade_jax.selfplay.baselines import ENV_SOURCES, EnvSource

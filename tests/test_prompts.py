@@ -272,3 +272,21 @@ def test_launcher_prints_every_prompt():
   headers = [ln for ln in out.stdout.splitlines() if ln.startswith("===== setting=")]
   assert len(headers) == sum(len(v) for v in SKILLS.values()) == 12
   assert "RuntimeWarning" not in out.stderr
+
+
+def test_the_trained_vocabulary_splits_like_qwen3(tmp_path):
+  from transformers.models.qwen2 import tokenization_qwen2  # the slow tokenizer's regex
+  from spade_jax.models.tokenizer import QWEN3_SPLIT
+  assert QWEN3_SPLIT == tokenization_qwen2.PRETOKENIZE_REGEX
+  texts = [f"Start with {n}. The value is {n * 7 + 3}; answer \\boxed{{{n + 11}}}."
+           for n in range(400)]
+  qwen = train_bpe(texts, 400, str(tmp_path / "qwen3"))
+  gpt2 = train_bpe(texts, 400, str(tmp_path / "bytelevel"), pre_tokenizer="bytelevel")
+  text = "Start with 123. answer \\boxed{4567}"
+  pieces = lambda tok: [tok.decode([i]) for i in tok.encode(text)]
+  assert [p for p in pieces(qwen) if p.strip().isdigit()] == list("1234567")
+  assert any(len(p.strip()) > 1 and p.strip().isdigit() for p in pieces(gpt2))
+  for tok in (qwen, gpt2):
+    assert tok.decode(tok.encode(text)) == text
+  with pytest.raises(ValueError, match="pre_tokenizer='wordpiece'"):
+    train_bpe(texts, 400, str(tmp_path / "x"), pre_tokenizer="wordpiece")

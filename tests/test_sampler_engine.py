@@ -158,7 +158,8 @@ def test_prefill_in_pieces_equals_one_piece_and_full_forward(params, layer_cache
   keys = {i: jax.random.key(20 + i) for i in prompts}
   outs = []
   for chunk in (16, 64):
-    eng = _engine(params, rule, max_len=256, layer_cache=layer_cache, prefill_chunk=chunk)
+    eng = _engine(params, rule, max_len=256, layer_cache=layer_cache, prefill_chunk=chunk,
+                  group_extends=False)  # one call per piece (grouping: its own test)
     eng.extend(prompts, keys)
     outs.append(eng.decode({i: 12 for i in prompts}))
     spans = sorted({p[3] for p in eng.programs if p[0] == "extend"})
@@ -310,3 +311,46 @@ def test_decode_on_a_subset_of_rows_equals_every_row(params, decode_layout):
     for k in a:
       assert a[k][0] == b[k][0] and a[k][2] == b[k][2]
       np.testing.assert_allclose(a[k][1], b[k][1], atol=1e-5)
+
+
+def test_grouped_extends_equal_one_padded_extend(params):
+  # Observations of 3, 5, 40 and 70 tokens on 8 rows: grouped by length, the extend runs
+  # as more than one call and computes fewer padded positions than one call padded to the
+  # longest chunk, with the same logits, lengths and sampled continuations.
+  rule = SamplingConfig(temperature=1.0, eos_id=-1, eos_ids=(7,))
+  base = jax.random.key(5)
+  out = {}
+  for grouped in (True, False):
+    eng = _engine(params, rule, max_len=192, slots=8, group_extends=grouped)
+    eng.extend({b: [3 + b] * (6 + b) for b in range(8)},
+               {b: jax.random.fold_in(base, b) for b in range(8)})
+    before = list(eng.extend_positions)
+    calls = len([p for p in eng.programs if p[0] == "extend"])
+    eng.extend({0: [9] * 3, 1: [10] * 5, 4: [11] * 40, 6: [12] * 70, 7: [13] * 4})
+    positions = [a - b for a, b in zip(eng.extend_positions, before)]
+    assert positions[0] == 3 + 5 + 40 + 70 + 4
+    logits = np.asarray(eng.state.logits)
+    res = eng.decode({b: 12 for b in (0, 1, 4, 6, 7)})
+    out[grouped] = (positions, logits, res, eng.lengths.copy(),
+                    len([p for p in eng.programs if p[0] == "extend"]) - calls)
+  (p1, l1, r1, n1, c1), (p2, l2, r2, n2, c2) = out[True], out[False]
+  assert p1[1] < p2[1] and c1 > c2, (p1, p2, c1, c2)
+  np.testing.assert_array_equal(n1, n2)
+  np.testing.assert_allclose(l1, l2, atol=1e-4)
+  for k in r1:
+    assert r1[k][0] == r2[k][0] and r1[k][2] == r2[k][2]
+    np.testing.assert_allclose(r1[k][1], r2[k][1], atol=1e-5)
+
+
+def test_extend_groups_merge_when_one_call_is_cheaper(params):
+  rule = SamplingConfig(temperature=0.0, eos_id=-1)
+  eng = _engine(params, rule, max_len=256, slots=16)
+  # Equal buckets: one group. Near buckets with few rows: merged (a second call costs more).
+  assert eng._extend_groups({b: [1] * 20 for b in range(6)}) == [list(range(6))]
+  assert eng._extend_groups({0: [1] * 20, 1: [1] * 40}) == [[0, 1]]
+  # Many short rows and a few long ones: two calls.
+  chunks = {b: [1] * 10 for b in range(8)}
+  chunks.update({8: [1] * 120, 9: [1] * 100})
+  assert eng._extend_groups(chunks) == [list(range(8)), [8, 9]]
+  eng.group_extends = False
+  assert eng._extend_groups(chunks) == [list(range(10))]

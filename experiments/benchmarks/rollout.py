@@ -53,6 +53,10 @@ _DESIGN_STOP_EVERY = flags.DEFINE_integer(
 _DECODE_SUBSET = flags.DEFINE_bool(
     "decode_subset", True, "Engines decode only the active rows when they fit a smaller "
     "power of two (`Engine(decode_subset=)`); --nodecode_subset decodes every row.")
+_GROUP_EXTENDS = flags.DEFINE_bool(
+    "group_extends", True, "Engines split an extend into calls over rows with chunks of "
+    "about the same length (`Engine(group_extends=)`); --nogroup_extends pads every row to "
+    "the longest chunk.")
 _SPLIT = flags.DEFINE_bool("split", True, "Also print where one more round of each schedule "
                            "spends its time (engine extends, decode calls and steps).")
 
@@ -108,10 +112,14 @@ class _Split:
     def timed(eng, *args, **kwargs):
       if not self.active:
         return inner(eng, *args, **kwargs)
+      before = list(eng.extend_positions)
       t0 = time.perf_counter()
       out = inner(eng, *args, **kwargs)
       if name == "extend":
         jax.block_until_ready(eng.state.logits)
+        pos = stats.setdefault("positions", [0, 0])
+        for k in (0, 1):  # this call's real tokens and computed token positions
+          pos[k] += eng.extend_positions[k] - before[k]
       s = stats.setdefault(name, [0, 0.0, 0])
       s[0] += 1
       s[1] += time.perf_counter() - t0
@@ -127,7 +135,8 @@ class _Split:
   def line(self) -> str:
     e = self.stats.get("extend", [0, 0.0, 0])
     d = self.stats.get("decode", [0, 0.0, 0])
-    return (f"extend {e[1]:.2f}s in {e[0]} calls, decode {d[1]:.2f}s in {d[0]} calls / "
+    real, computed = self.stats.get("positions", [0, 0])
+    return (f"extend {e[1]:.2f}s in {e[0]} calls ({real}/{computed} positions real), decode {d[1]:.2f}s in {d[0]} calls / "
             f"{d[2]} steps")
 
 
@@ -143,6 +152,7 @@ def main(argv):
   jax.config.update("jax_platforms", "cpu")
   from spade_jax.sampling import engine as engine_lib  # pylint: disable=g-import-not-at-top
   engine_lib.Engine.__init__.__kwdefaults__["decode_subset"] = _DECODE_SUBSET.value
+  engine_lib.Engine.__init__.__kwdefaults__["group_extends"] = _GROUP_EXTENDS.value
   split = _Split() if _SPLIT.value else None
   chat = ChatTemplate(_Bytes())
   specs = [EpisodeSpec(0, s) for s in range(_EPISODES.value)]

@@ -116,8 +116,9 @@ def starting_levels(hf_dir: str, *, episodes: int, designs: int) -> dict:
         "agent_medium_greedy": agent_win_rate(pool, params, cfg, chat,
                                               families=common.seen(), level=2,
                                               episodes=episodes, temperature=0.0),
-        "designer": designer_valid_rate(pool, params, cfg, chat, designs=designs),
     }
+    if designs:  # 0: an agent-only build (no designer rows to measure)
+      out["designer"] = designer_valid_rate(pool, params, cfg, chat, designs=designs)
   out["params"] = int(sum(x.size for x in jax.tree.leaves(params)))
   out["seconds"] = time.time() - t0
   return out

@@ -15,6 +15,12 @@ from typing import Sequence
 _EOS_CANDIDATES = ("<|im_end|>", "<|endoftext|>", "</s>")
 _PAD_CANDIDATES = ("<|endoftext|>", "<pad>", "<|pad|>")
 
+# Qwen2/Qwen3's pre-tokenizer split (their tokenizer.json): contractions, letter runs with
+# one leading non-letter, every digit on its own, punctuation runs, newlines, spaces.
+QWEN3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+               r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+PRE_TOKENIZERS = ("qwen3", "bytelevel")
+
 
 def _special(cfg: dict, key: str) -> str | None:
   value = cfg.get(key)
@@ -91,7 +97,8 @@ QWEN3_ADDED_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", 
 
 
 def train_bpe(texts: Sequence[str], vocab_size: int, directory: str,
-              added_tokens: Sequence[str] = QWEN3_ADDED_TOKENS) -> HFTokenizer:
+              added_tokens: Sequence[str] = QWEN3_ADDED_TOKENS,
+              pre_tokenizer: str = "qwen3") -> HFTokenizer:
   """Trains a byte-level BPE vocabulary offline and writes it as Hugging Face files.
 
   The result has the shape of a Qwen3 tokenizer: byte-level pre-tokenisation (every
@@ -103,6 +110,9 @@ def train_bpe(texts: Sequence[str], vocab_size: int, directory: str,
     vocab_size: total ids, added tokens and the 256 byte symbols included.
     directory: where ``tokenizer.json`` and ``tokenizer_config.json`` are written.
     added_tokens: tokens kept whole (the first is padding, the third the turn end).
+    pre_tokenizer: "qwen3" (Qwen3's split before the byte mapping: every digit is its own
+      token, so numbers are spelled digit by digit as in Qwen3) or "bytelevel" (GPT-2's
+      byte-level split, which merges digit runs into multi-digit tokens).
 
   Returns:
     The tokenizer, loaded from the written files.
@@ -111,8 +121,16 @@ def train_bpe(texts: Sequence[str], vocab_size: int, directory: str,
   if vocab_size < 256 + len(added_tokens) + 1:
     raise ValueError(f"vocab_size={vocab_size} leaves no room for merges: it must exceed "
                      f"the 256 byte symbols plus {len(added_tokens)} added tokens.")
+  if pre_tokenizer not in PRE_TOKENIZERS:
+    raise ValueError(f"pre_tokenizer={pre_tokenizer!r}: expected one of {PRE_TOKENIZERS}.")
+  pre = tokenizers.pre_tokenizers
   tok = tokenizers.Tokenizer(tokenizers.models.BPE())
-  tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+  if pre_tokenizer == "qwen3":
+    tok.pre_tokenizer = pre.Sequence([
+        pre.Split(tokenizers.Regex(QWEN3_SPLIT), behavior="isolated", invert=False),
+        pre.ByteLevel(add_prefix_space=False, use_regex=False)])
+  else:
+    tok.pre_tokenizer = pre.ByteLevel(add_prefix_space=False)
   tok.decoder = tokenizers.decoders.ByteLevel()
   trainer = tokenizers.trainers.BpeTrainer(
       vocab_size=vocab_size, special_tokens=list(added_tokens), show_progress=False,

@@ -4,8 +4,9 @@ r"""Builds (or resumes) the warm-start checkpoint every arm of the experiment st
 
 One command, cached under ``$SPADE_JAX_CACHE/mechanism/warm_start[_smoke]/``:
 
-1. ``tokenizer/``: a 6,144-id byte-level BPE trained offline (``tokenizers``) on the texts the
-   experiment reads and writes: designer prompts, family programs, agent transcripts.
+1. ``tokenizer/``: a 6,144-id byte-level BPE with Qwen3's pre-tokenizer split (one token per
+   digit) trained offline (``tokenizers``) on the texts the experiment reads and writes:
+   designer prompts, family programs, agent transcripts.
 2. ``data.pkl``: the supervised rows (``data.py``): designer prompt -> family program at
    random knob values, and agent transcripts of a noisy scripted player, hinted or not.
 3. ``train/``: next-token training of a Qwen3-shaped ~10.5M-parameter model with the library's
@@ -231,8 +232,9 @@ def main(argv):
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
   print(json.dumps(levels, indent=1))
-  if not smoke and not _OUT.value:
-    path = write_results(out, kw, levels, os.path.join(common.RESULTS, "warm_start.json"))
+  record = _RECORD.value or ("warm_start" if not smoke and not _OUT.value else "")
+  if record:
+    path = write_results(out, kw, levels, os.path.join(common.RESULTS, record + ".json"))
     print(f"wrote {path}")
 
 
@@ -261,7 +263,7 @@ SMOKE_BUILD = dict(steps=3, batch_size=8, num_microbatches=1, designer_rows=4, a
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
@@ -279,6 +281,9 @@ def _define_flags() -> None:
   _SMOKE = flags.DEFINE_bool("smoke", False, "A minutes-long build of a tiny model (tests).")
   _FORCE = flags.DEFINE_bool("force", False, "Rebuild data, training and export.")
   _OUT = flags.DEFINE_string("out", "", "Build directory (default: the cache's).")
+  _RECORD = flags.DEFINE_string("record", "", "Write the build's record to results/NAME.json "
+                                "(default: warm_start for the default build, none with --out "
+                                "or --smoke).")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 r"""What the warm-started agent has learned, per family: its greedy action on the training data.
 
-  python -m experiments.mechanism.diagnose [--rows=24] [--json=PATH] [--smoke]
+  python -m experiments.mechanism.diagnose [--rows=24] [--json=PATH] [--smoke] [--out=DIR]
 
 Reads the warm start's cached agent transcripts (``data.pkl``: the scripted player's
 episodes) and its checkpoint (``hf/``) and, teacher-forced on each transcript, asks for
@@ -25,6 +25,8 @@ from absl import flags
 _ROWS = flags.DEFINE_integer("rows", 24, "Transcripts per family.")
 _JSON = flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Use the smoke warm start.")
+_OUT = flags.DEFINE_string("out", "", "A warm-start build directory (default: the cache's, "
+                           "as `warm_start` builds it).")
 
 
 def turns(mask) -> list[tuple[int, int]]:
@@ -123,7 +125,7 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
 def main(argv):
   del argv
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
-  res = diagnose(common.warm_start_dir(_SMOKE.value), _ROWS.value)
+  res = diagnose(_OUT.value or common.warm_start_dir(_SMOKE.value), _ROWS.value)
   print(f"{'family':18s} {'turns':>5s} {'action':>7s} {'format':>7s} {'nats/tok':>8s}")
   for fam, r in res.items():
     print(f"{fam:18s} {r['turns']:5d} {r['action_rate']:7.2f} {r['format_rate']:7.2f} "

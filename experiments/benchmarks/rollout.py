@@ -57,6 +57,8 @@ _GROUP_EXTENDS = flags.DEFINE_bool(
     "group_extends", True, "Engines split an extend into calls over rows with chunks of "
     "about the same length (`Engine(group_extends=)`); --nogroup_extends pads every row to "
     "the longest chunk.")
+_PLATFORM = flags.DEFINE_string("platform", "cpu", "JAX platform to run on (\"\": JAX's "
+                                 "default, e.g. the GPU).")
 _SPLIT = flags.DEFINE_bool("split", True, "Also print where one more round of each schedule "
                            "spends its time (engine extends, decode calls and steps).")
 
@@ -149,7 +151,8 @@ def main(argv):
   from spade_jax.sampling import Request, row_keys  # pylint: disable=g-import-not-at-top
   from spade_jax.selfplay.episodes import (EpisodeSpec, run_episodes,  # pylint: disable=g-import-not-at-top
                                            run_episodes_with_requests)
-  jax.config.update("jax_platforms", "cpu")
+  if _PLATFORM.value:
+    jax.config.update("jax_platforms", _PLATFORM.value)
   from spade_jax.sampling import engine as engine_lib  # pylint: disable=g-import-not-at-top
   engine_lib.Engine.__init__.__kwdefaults__["decode_subset"] = _DECODE_SUBSET.value
   engine_lib.Engine.__init__.__kwdefaults__["group_extends"] = _GROUP_EXTENDS.value

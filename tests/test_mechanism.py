@@ -124,7 +124,11 @@ def test_report_table_is_computed_from_the_results(tmp_path):
     for seed, h in enumerate(held):
       with open(tmp_path / f"{arm}-{seed}.json", "w") as f:
         json.dump(result(arm, seed, h), f)
+  # Other records in the results folder are not runs.
+  for name in ("warm_start", "agent_only", "diagnose", "spade-0-smoke", "summary"):
+    (tmp_path / f"{name}.json").write_text(json.dumps({"build": {}, "levels": {}}))
   (tmp_path / "README.md").write_text("x\n<!-- table -->\nold\n<!-- /table -->\ny\n")
+  assert len(report.load(str(tmp_path))) == 6
   s = report.report(str(tmp_path), readme=str(tmp_path / "README.md"))
   # mean 0.4, sd 0.2, t(2) = 4.303: half-width 4.303 * 0.2 / sqrt(3)
   assert s["spade"]["held_out"]["mean"] == pytest.approx(0.4)

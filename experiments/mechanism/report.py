@@ -23,6 +23,7 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 
 from absl import app
@@ -156,9 +157,11 @@ def plots(results: list[dict], out_dir: str) -> list[str]:
 
 def load(results_dir: str) -> list[dict]:
   """Every ``<arm>-<seed>.json`` under ``results_dir`` (smoke results excluded)."""
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   out = []
+  run_file = re.compile(r"(%s)-\d+\.json" % "|".join(map(re.escape, common.ARMS)))
   for path in sorted(glob.glob(os.path.join(results_dir, "*.json"))):
-    if path.endswith(("summary.json", "-smoke.json")) or "warm_start" in path:
+    if not run_file.fullmatch(os.path.basename(path)):  # warm start, diagnose, summary
       continue
     with open(path) as f:
       out.append(json.load(f))

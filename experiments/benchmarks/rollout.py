@@ -138,8 +138,8 @@ class _Split:
     e = self.stats.get("extend", [0, 0.0, 0])
     d = self.stats.get("decode", [0, 0.0, 0])
     real, computed = self.stats.get("positions", [0, 0])
-    return (f"extend {e[1]:.2f}s in {e[0]} calls ({real}/{computed} positions real), decode {d[1]:.2f}s in {d[0]} calls / "
-            f"{d[2]} steps")
+    return (f"extend {e[1]:.2f}s in {e[0]} calls ({real}/{computed} positions real), "
+            f"decode {d[1]:.2f}s in {d[0]} calls / {d[2]} steps")
 
 
 def main(argv):

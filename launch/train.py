@@ -37,6 +37,16 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False,
 _PLAN_COMPILE = flags.DEFINE_bool("plan_compile", False,
                                   "With --dry_run, also compile the train step for its peak.")
 _JSON = flags.DEFINE_bool("json", False, "With --dry_run, print the plan as JSON.")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", "default",
+    "JAX persistent compilation cache directory (local or gs://): a rerun or resume loads "
+    "the step, sampler and scoring programs instead of compiling them again. 'default': "
+    "$JAX_COMPILATION_CACHE_DIR if set, else $SPADE_JAX_CACHE/xla (~/.cache/spade_jax/xla); "
+    "'' turns it off.")
+_COMPILATION_CACHE_MIN_S = flags.DEFINE_float(
+    "compilation_cache_min_s", None,
+    "Only programs that took at least this many seconds to compile are written to the cache "
+    "(default: $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS if set, else 0.5).")
 
 
 def _fake_cpu_devices(config) -> None:
@@ -49,6 +59,26 @@ def _fake_cpu_devices(config) -> None:
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flag}".strip()
 
 
+def _enable_compilation_cache(jax) -> str | None:
+  """Points JAX's persistent compilation cache at --compilation_cache; returns the directory."""
+  path = _COMPILATION_CACHE.value
+  if path == "default":
+    path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
+        os.path.expanduser(os.environ.get("SPADE_JAX_CACHE", "~/.cache/spade_jax")), "xla")
+  if not path:
+    return None
+  min_s = _COMPILATION_CACHE_MIN_S.value
+  if min_s is None:
+    min_s = float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 0.5))
+  if min_s < 0:
+    raise app.UsageError(f"--compilation_cache_min_s={min_s} must be >= 0 seconds.")
+  jax.config.update("jax_compilation_cache_dir", path)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", min_s)
+  if "://" not in path:  # a local cache evicts least recently used entries past 4 GiB
+    jax.config.update("jax_compilation_cache_max_size", 4 << 30)
+  return path
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -56,11 +86,12 @@ def main(argv):
     _fake_cpu_devices(_CONFIG.value)
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_threefry_partitionable", True)
+  cache = _enable_compilation_cache(jax)
   from spade_jax import parallel, selfplay  # pylint: disable=g-import-not-at-top
   if _MULTIHOST.value:
     parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
                                     _PROCESS_ID.value)
-  logging.info("Devices: %s", jax.devices())
+  logging.info("Devices: %s; compilation cache: %s", jax.devices(), cache or "off")
   if _DRY_RUN.value:
     from spade_jax.selfplay import plan  # pylint: disable=g-import-not-at-top
     p = plan.plan(_CONFIG.value, compile_step=_PLAN_COMPILE.value)

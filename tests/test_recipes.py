@@ -146,8 +146,10 @@ def build_path(p):
 def test_kill_minus_nine_resumes_to_the_same_metrics(tmp_path):
   """SIGKILL at a random moment after the first checkpoint; the resumed run's metrics and
   designer records equal an uninterrupted run's. Every run goes through the multi-host
-  entry with one local process."""
+  entry with one local process; all share one compilation cache, so the reference and
+  resumed runs load programs the first one wrote."""
   ref_dir, run_dir = str(tmp_path / "ref"), str(tmp_path / "killed")
+  xla_cache = tmp_path / "xla"
 
   def args(workdir):
     with socket.socket() as s:
@@ -155,7 +157,8 @@ def test_kill_minus_nine_resumes_to_the_same_metrics(tmp_path):
       port = s.getsockname()[1]
     return ["--config=experiments/configs/tiny.py:smoke", "--config.iterations=3",
             f"--workdir={workdir}", "--multihost", f"--coordinator_address=localhost:{port}",
-            "--num_processes=1", "--process_id=0"]
+            "--num_processes=1", "--process_id=0", f"--compilation_cache={xla_cache}",
+            "--compilation_cache_min_s=0"]
 
   p = _launch(*args(run_dir))
   first = os.path.join(run_dir, "checkpoints", "1")
@@ -163,6 +166,7 @@ def test_kill_minus_nine_resumes_to_the_same_metrics(tmp_path):
   while not os.path.isdir(first) and p.poll() is None and time.time() < deadline:
     time.sleep(0.2)
   assert os.path.isdir(first), p.communicate()[0][-3000:]
+  assert len(os.listdir(xla_cache)) > 5  # the step and sampler programs, written as compiled
   time.sleep(random.Random(os.getpid()).uniform(0.0, 8.0))
   killed = p.poll() is None
   p.send_signal(signal.SIGKILL)

@@ -19,10 +19,10 @@ _current = os.environ.get("XLA_FLAGS", "")
 os.environ["XLA_FLAGS"] = " ".join([_current] + [f for f in _FLAGS if f.split("=")[0] not in _current]).strip()
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
-# Recipes' smoke variants build a tiny Hugging Face checkpoint in a cache directory: keep
-# it inside this test session (subprocesses and notebook kernels inherit the variable).
 import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
+# Recipes' smoke variants build a tiny Hugging Face checkpoint in a cache directory: keep
+# it inside this test session (subprocesses and notebook kernels inherit the variable).
 if "SPADE_JAX_CACHE" not in os.environ:
   os.environ["SPADE_JAX_CACHE"] = tempfile.mkdtemp(prefix="spade_jax_cache_")
 # Compiling dominates the suite on CPU, and many modules (and the CLI subprocesses and notebook

@@ -63,8 +63,8 @@ def _enable_compilation_cache(jax) -> str | None:
   """Points JAX's persistent compilation cache at --compilation_cache; returns the directory."""
   path = _COMPILATION_CACHE.value
   if path == "default":
-    path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(
-        os.path.expanduser(os.environ.get("SPADE_JAX_CACHE", "~/.cache/spade_jax")), "xla")
+    from experiments.configs import common  # pylint: disable=g-import-not-at-top
+    path = os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.path.join(common.cache_dir(), "xla")
   if not path:
     return None
   min_s = _COMPILATION_CACHE_MIN_S.value

@@ -23,8 +23,10 @@ import tempfile  # pylint: disable=g-import-not-at-top,g-bad-import-order
 
 # Recipes' smoke variants build a tiny Hugging Face checkpoint in a cache directory: keep
 # it inside this test session (subprocesses and notebook kernels inherit the variable).
+# pytest-xdist workers inherit both directories from the controller, which removes them.
+_CACHE = None
 if "SPADE_JAX_CACHE" not in os.environ:
-  os.environ["SPADE_JAX_CACHE"] = tempfile.mkdtemp(prefix="spade_jax_cache_")
+  _CACHE = os.environ["SPADE_JAX_CACHE"] = tempfile.mkdtemp(prefix="spade_jax_cache_")
 # Compiling dominates the suite on CPU, and many modules (and the CLI subprocesses and notebook
 # kernels, which inherit these variables) compile the same small programs again after
 # `_release_compiled_programs` drops them. JAX's persistent compilation cache, kept inside this
@@ -72,5 +74,6 @@ def _release_compiled_programs():
 
 
 def pytest_sessionfinish(session, exitstatus):  # pylint: disable=unused-argument
-  if _COMPILE_CACHE:
-    shutil.rmtree(_COMPILE_CACHE, ignore_errors=True)
+  for made in (_COMPILE_CACHE, _CACHE):
+    if made:
+      shutil.rmtree(made, ignore_errors=True)

@@ -59,7 +59,7 @@ def scripted(monkeypatch):
 def _selfplay(tmp_path, pool, sampling=None, **overrides):
   cfg = get_preset("tiny", vocab_size=4096)
   mesh = parallel.make_mesh(parallel.MeshConfig())
-  trainer = rl.Trainer(cfg, rl.TrainConfig(batch_size=16, seq_len=2560), rl.LossConfig(),
+  trainer = rl.Trainer(cfg, rl.TrainConfig(batch_size=8, seq_len=2048), rl.LossConfig(),
                        rl.OptimizerConfig(learning_rate=1e-4), mesh, parallel.RULE_SETS["fsdp"])
   kwargs = dict(skills=("logical deduction",), num_envs=4, plays=2, hinted_plays=2,
                 max_turns=2, agent_turn_tokens=32, designer_new_tokens=2048,
@@ -99,6 +99,7 @@ def test_scripted_iteration_classifies_and_trains(tmp_path, scripted, pool):
   assert m["designer/credit/invalid"] == 3 and m["designer/credit/played"] == 1
   assert abs(m["designer/reward_mean"]) < 1e-5
   assert m["batch/designer_rows"] == 4 and m["batch/agent_rows"] == 8
+  assert m["batch/cut_tokens"] == 0  # every row fits the helper's seq_len
   assert [r["verdict"] for r in sp.sample_records] == ["valid", "timeout", "syntax", "no_code"]
   assert m["train/designer_tokens"] > 0 and m["train/agent_tokens"] > 0
   assert sp.memory.records and any(r.reason == "syntax" for r in sp.memory.records)

@@ -98,6 +98,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   elif a.arm == "frozen_designer":
     c.selfplay.train_designer = False
   if a.smoke:
+    c.train.seq_len = 1536  # a designer row: a 1,024-token prompt and 48 new tokens
     c.selfplay.num_envs = 4
     c.selfplay.plays = 2
     c.selfplay.hinted_plays = 2

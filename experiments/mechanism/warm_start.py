@@ -257,8 +257,8 @@ def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
 DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4, remat="none")
-SMOKE_BUILD = dict(steps=3, batch_size=8, num_microbatches=1, designer_rows=4, agent_rows=8, checkpoint_every=2,
-                   measure_episodes=1, measure_designs=2)
+SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
+                   agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2)
 
 
 def _define_flags() -> None:

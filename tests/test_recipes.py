@@ -155,7 +155,7 @@ def test_kill_minus_nine_resumes_to_the_same_metrics(tmp_path):
     with socket.socket() as s:
       s.bind(("localhost", 0))
       port = s.getsockname()[1]
-    return ["--config=experiments/configs/tiny.py:smoke", "--config.iterations=3",
+    return ["--config=experiments/configs/tiny.py:smoke", "--config.iterations=2",
             f"--workdir={workdir}", "--multihost", f"--coordinator_address=localhost:{port}",
             "--num_processes=1", "--process_id=0", f"--compilation_cache={xla_cache}",
             "--compilation_cache_min_s=0"]
@@ -178,7 +178,7 @@ def test_kill_minus_nine_resumes_to_the_same_metrics(tmp_path):
   assert resumed.returncode == 0, out_res[-3000:]
   assert "resumed from" in out_res or not killed
   a, b = read_metrics(ref_dir), read_metrics(run_dir)
-  assert [r["step"] for r in b] == [1, 2, 3]
+  assert [r["step"] for r in b] == [1, 2]
   assert _run_facts(a) == _run_facts(b)
   assert read_metrics(ref_dir, "designer_samples") == read_metrics(run_dir, "designer_samples")
 

@@ -173,11 +173,21 @@ def test_progress_line_mentions_every_phase():
 
 
 def test_smoke_run_two_iterations_then_resume(tmp_path):
+  """The tiny smoke run with held-out eval each iteration, then a resume."""
   workdir = str(tmp_path / "run")
   config = tiny.get_config("smoke")
+  # One logic task, one sample of 8 tokens: the suite adds seconds, not minutes.
+  config.eval = dict(suites=("reasoning_gym",), every=1, limit=1, samples=1,
+                     max_new_tokens=8, batch_size=1,
+                     overrides={"reasoning_gym": {"groups": ("logic",)}})
   last = selfplay.train(config, workdir)
   rows = read_metrics(workdir)
   assert [r["step"] for r in rows] == [1, 2]
+  for r in rows:  # in the iteration's own row, so a resumed run rewrites it exactly
+    assert 0.0 <= r["eval/reasoning_gym/win_rate"] <= 1.0
+    assert "eval/reasoning_gym/logic" in r and "eval/reasoning_gym/logic/score" in r
+    assert r["time/eval"] > 0 and "train/loss" in r
+  assert "eval/reasoning_gym/win_rate" in last
   for key in ("designer/valid_rate", "designer/resampled", "rewards/regret_mean",
               "agent/reward_nohint", "agent/reward_hint", "time/play", "time/train",
               "train/loss", "train/tis_weight_mean", "train/designer_tis_weight_mean",
@@ -242,23 +252,6 @@ def test_eval_runs_every_n_iterations_and_after_the_last():
   assert due(EvalConfig(suites=("reasoning_gym",), every=2)) == [False, True, False, True, True]
   assert due(EvalConfig(suites=("reasoning_gym",))) == [False] * 4 + [True]
   assert not any(due(EvalConfig(every=1)))  # no suites: off
-
-
-def test_smoke_run_logs_eval_metrics_each_iteration(tmp_path):
-  workdir = str(tmp_path / "run")
-  config = tiny.get_config("smoke")
-  # One logic task, one sample of 8 tokens: the suite adds seconds, not minutes.
-  config.eval = dict(suites=("reasoning_gym",), every=1, limit=1, samples=1,
-                     max_new_tokens=8, batch_size=1,
-                     overrides={"reasoning_gym": {"groups": ("logic",)}})
-  last = selfplay.train(config, workdir)
-  rows = read_metrics(workdir)
-  assert [r["step"] for r in rows] == [1, 2]
-  for r in rows:  # in the iteration's own row, so a resumed run rewrites it exactly
-    assert 0.0 <= r["eval/reasoning_gym/win_rate"] <= 1.0
-    assert "eval/reasoning_gym/logic" in r and "eval/reasoning_gym/logic/score" in r
-    assert r["time/eval"] > 0 and "train/loss" in r
-  assert "eval/reasoning_gym/win_rate" in last
 
 
 def test_dynamic_sampling_drops_uniform_groups_from_the_gradient(tmp_path, scripted, pool):

@@ -76,11 +76,12 @@ def designer_valid_rate(pool, params, cfg, chat, *, designs: int, seed: int = 0,
   from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
   skills = common.skills()
-  corpus = data.corpus(tempfile.mkdtemp(prefix="mech_measure_"), seed=1234 + seed)
   count = lambda t: len(chat.prompt(None, t))
-  prompts = [chat.prompt(None, dz.designer_prompt(
-      common.SETTING, skills[i % len(skills)], corpus.next(),
-      budget=common.DESIGNER_PROMPT_TOKENS, count=count)) for i in range(designs)]
+  with tempfile.TemporaryDirectory(prefix="mech_measure_") as corpus_dir:
+    corpus = data.corpus(corpus_dir, seed=1234 + seed)
+    prompts = [chat.prompt(None, dz.designer_prompt(
+        common.SETTING, skills[i % len(skills)], corpus.next(),
+        budget=common.DESIGNER_PROMPT_TOKENS, count=count)) for i in range(designs)]
   sampler = Sampler(params, cfg, _sampling(chat.vocab, 0.6), jax.random.key(seed))
   gen = sampler(prompts, max_new_tokens)
   texts = [chat.vocab.decode(t) for t in gen.tokens]

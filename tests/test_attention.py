@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from spade_jax.models import attention
 from spade_jax.models import (ATTENTION, DECODE_ATTENTION, ModelConfig, decode_params,
                               decode_step, forward, get_preset, init_cache, init_params,
                               load_model_config, segment_mask)
@@ -79,7 +80,8 @@ def test_every_decode_attention_kernel_matches_default(params, name):
 
 def test_unknown_kernel_names_fail_at_config_construction():
   with pytest.raises(ValueError, match=r"Unknown attention implementation 'flash'; "
-                     r"expected one of \['einsum', 'matmul'\]\. Set model\.attention"):
+                     r"expected one of \['auto', 'blocked', 'einsum', 'matmul'\]\. "
+                     r"Set model\.attention"):
     ModelConfig(attention="flash")
   with pytest.raises(ValueError, match=r"Unknown decode attention implementation 'paged'; "
                      r"expected one of \['auto', 'blocks', 'dot'\]"):
@@ -96,4 +98,111 @@ def test_model_config_json_without_kernel_fields_loads(tmp_path):
     values.pop(key)
   (tmp_path / "model_config.json").write_text(json.dumps(values))
   cfg, _ = load_model_config(str(tmp_path))
-  assert (cfg.attention, cfg.decode_attention) == ("matmul", "auto")
+  assert (cfg.attention, cfg.decode_attention) == ("auto", "auto")
+
+
+def _packed_case(B=4, T=80, S=None, H=4, K=2, E=8, seed=0):
+  """Random q, k, v and a packed causal mask (segments, padding, one empty row)."""
+  S = S or T
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.normal(size=(B, T, H, E)), jnp.float32)
+  k = jnp.asarray(rng.normal(size=(B, K, E, S)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(B, K, S, E)), jnp.float32)
+  seg = np.zeros((max(B, 4), T), np.int32)
+  seg[0] = 1
+  seg[1, :20], seg[1, 20:53], seg[1, 53:70] = 1, 2, 3
+  seg[2, :37] = 5  # the rest padding; row 3 is all padding
+  return q, k, v, seg[:B]
+
+
+@pytest.mark.parametrize("block", [16, 32, 256])
+def test_blocked_attention_matches_matmul_forward_and_gradients(block):
+  q, k, v, seg = _packed_case()
+  mask = segment_mask(jnp.asarray(seg))
+  seen = jnp.asarray(seg > 0)[:, :, None, None]
+  w = jnp.asarray(np.random.default_rng(1).normal(size=q.shape), jnp.float32) * seen
+
+  def blocked(q, k, v, m):
+    return attention.blocked_attention(q, k, v, m, block=block)
+
+  want = attention.matmul_attention(q, k, v, mask)
+  got = jax.jit(blocked)(q, k, v, mask)
+  np.testing.assert_allclose(got * seen, want * seen, atol=2e-6)
+  # A query that sees no key (padding) gives 0.
+  np.testing.assert_array_equal(got[3], 0.0)
+
+  def loss(fn):
+    return lambda q, k, v: (fn(q, k, v, mask) * w).sum()
+
+  want_g = jax.grad(loss(attention.matmul_attention), argnums=(0, 1, 2))(q, k, v)
+  got_g = jax.jit(jax.grad(loss(blocked), argnums=(0, 1, 2)))(q, k, v)
+  for g, h in zip(got_g, want_g):
+    np.testing.assert_allclose(g, h, atol=1e-5)
+
+
+def test_blocked_attention_skips_blocks_and_handles_long_caches():
+  # An extend: 40 queries at positions 100-139 of a 200-entry cache; keys past
+  # each query are masked, so the last key blocks are never visited.
+  q, k, v, _ = _packed_case(B=2, T=40, S=200, seed=3)
+  mask = jnp.broadcast_to(jnp.arange(200)[None, :] <= 100 + jnp.arange(40)[:, None],
+                          (2, 40, 200))
+  want = attention.matmul_attention(q, k, v, mask)
+  for block in (16, 64):
+    got = attention.blocked_attention(q, k, v, mask, block=block)
+    np.testing.assert_allclose(got, want, atol=2e-6)
+  live = attention._live(jnp.pad(mask, ((0, 0), (0, 8), (0, 8))), 16, 16)
+  assert not bool(live[:, :, -1].any()) and bool(live[:, -1, 0].all())
+  # bfloat16 inputs: bfloat16 out, within bfloat16 rounding of the matmul kernel.
+  bf = [x.astype(jnp.bfloat16) for x in (q, k, v)]
+  got = attention.blocked_attention(*bf, mask, block=16)
+  assert got.dtype == jnp.bfloat16
+  np.testing.assert_allclose(got.astype(jnp.float32),
+                             attention.matmul_attention(*bf, mask).astype(jnp.float32),
+                             atol=3e-2)
+
+
+def test_auto_attention_picks_blocked_for_long_rows_on_cpu(params, monkeypatch):
+  monkeypatch.setattr(attention, "ATTENTION_BLOCK", 16)
+  calls = []
+  real = attention.blocked_attention
+  monkeypatch.setattr(attention, "blocked_attention",
+                      lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
+  toks = jax.random.randint(jax.random.key(4), (B, 40), 3, CFG.vocab_size)
+  seg = jnp.asarray(np.repeat([[1] * 25 + [2] * 15], B, axis=0))
+  pos = jnp.asarray(np.repeat([list(range(25)) + list(range(15))], B, axis=0))
+  mask = segment_mask(seg)
+  matmul = dataclasses.replace(CFG, attention="matmul")
+  assert CFG.attention == "auto"
+
+  def loss(p, cfg):
+    return (forward(p, cfg, toks, pos, mask)[0] ** 2).mean()
+
+  want, want_g = jax.value_and_grad(loss)(params, matmul)
+  got, got_g = jax.value_and_grad(loss)(params, CFG)
+  assert calls and calls[0][1] == 40
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  for g, h in zip(jax.tree.leaves(got_g), jax.tree.leaves(want_g)):
+    np.testing.assert_allclose(g, h, atol=1e-5 * max(1.0, float(jnp.abs(h).max())))
+  # A 16-token chunk (one block) stays on the matmul kernel.
+  calls.clear()
+  forward(params, CFG, toks[:, :16], pos[:, :16], mask[:, :16, :16])
+  assert not calls
+
+
+def test_blocked_attention_under_a_batch_sharded_mesh():
+  from jax.sharding import NamedSharding, PartitionSpec as P  # pylint: disable=g-import-not-at-top
+  devices = jax.devices()
+  q, k, v, seg = _packed_case(B=len(devices), T=64, seed=5)
+  mask = segment_mask(jnp.asarray(seg))
+  mesh = jax.make_mesh((len(devices),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+  put = lambda x: jax.device_put(x, NamedSharding(mesh, P("data")))
+
+  def loss(fn):
+    return lambda q, k, v, m: (fn(q, k, v, m) ** 2 * (m.any(-1)[..., None, None])).sum()
+
+  blocked = lambda q, k, v, m: attention.blocked_attention(q, k, v, m, block=16)
+  want = jax.grad(loss(attention.matmul_attention), argnums=(0, 1, 2))(q, k, v, mask)
+  got = jax.jit(jax.grad(loss(blocked), argnums=(0, 1, 2)))(*map(put, (q, k, v, mask)))
+  assert got[0].sharding.spec[0] == "data" or len(devices) == 1
+  for g, h in zip(got, want):
+    np.testing.assert_allclose(g, h, atol=1e-5)

@@ -8,10 +8,10 @@ Two kernel registries, chosen by name in `ModelConfig`:
 - `DECODE_ATTENTION` (`ModelConfig.decode_attention`): one query per row over
   the live prefix of a cache, q [B, 1, H, E] -> [B, 1, H, E].
 
-Each registry's default is the kernel the model has always used; the others
-are the alternatives it was measured against, kept so the benchmarks
-(`experiments/benchmarks/prefill_attention.py`, `decode_attention.py`) select
-them by config.
+Each registry's default ("auto") picks a kernel by backend and shape; the
+others can be named directly, and the benchmarks
+(`experiments/benchmarks/prefill_attention.py`, `train_attention.py`,
+`decode_attention.py`) select them by config.
 
 The cache is head-major: keys [B, K, E, S] (length last), values [B, K, S, E],
 per layer or stacked on a leading layer axis. Attention then batches over
@@ -27,6 +27,7 @@ heads, G query heads per kv head, E head_dim, L layers.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -109,6 +110,179 @@ def einsum_attention(q, k, v, mask):
   probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
   return jnp.einsum("bkgts,bkse->btkge", probs, v).reshape(B, T, H, E)
 
+
+# Query and key block of the "blocked" kernel: a chunk of queries attends
+# only to the key blocks its mask reaches.
+ATTENTION_BLOCK = 256
+
+
+def _live_block_order(live: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """live [..., n] bool -> (block indices [..., n] int32, the live ones first in
+  increasing order; how many are live [...] int32)."""
+  order = jnp.argsort(~live, axis=-1, stable=True).astype(jnp.int32)
+  return order, live.sum(-1).astype(jnp.int32)
+
+
+def _block_mask(mask, i, j, bq, bk, G):
+  """mask [T, S] -> the (i, j) block, each query row repeated per head of its
+  group: [bq * G, bk] (query rows are (t, g), t major)."""
+  return jnp.repeat(jax.lax.dynamic_slice(mask, (i * bq, j * bk), (bq, bk)), G, axis=0)
+
+
+def _blocked_fwd_row(q, k, v, mask, order, count, trips, bq, bk, G):
+  """One row. q [K, T*G, E] (scaled), k [K, E, S], v [K, S, E] float32,
+  mask [T, S]; order/count from `_live_block_order` over key blocks, per query
+  block. -> (out [K, T*G, E], log-sum-exp [K, T*G]) float32."""
+  K, TG, E = q.shape
+  rows = bq * G
+
+  def query_block(i, carry):
+    out, lse = carry
+    qi = jax.lax.dynamic_slice_in_dim(q, i * rows, rows, axis=1)
+
+    def body(c):
+      n, m, l, acc = c
+      j = order[i, n]
+      kj = jax.lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
+      vj = jax.lax.dynamic_slice_in_dim(v, j * bk, bk, axis=1)
+      mij = _block_mask(mask, i, j, bq, bk, G) & (n < count[i])
+      s = jnp.where(mij, jnp.einsum("kre,kes->krs", qi, kj), MASK_VALUE)
+      m_new = jnp.maximum(m, s.max(-1))
+      p = jnp.where(mij, jnp.exp(s - m_new[..., None]), 0.0)
+      corr = jnp.exp(m - m_new)
+      acc = acc * corr[..., None] + jnp.einsum("krs,kse->kre", p, vj)
+      return n + 1, m_new, l * corr + p.sum(-1), acc
+
+    init = (jnp.int32(0), jnp.full((K, rows), MASK_VALUE, jnp.float32),
+            jnp.zeros((K, rows), jnp.float32), jnp.zeros((K, rows, E), jnp.float32))
+    _, m, l, acc = jax.lax.while_loop(lambda c: c[0] < trips[i], body, init)
+    seen = l > 0
+    o = acc / jnp.where(seen, l, 1.0)[..., None]
+    lse_i = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), 0.0)
+    out = jax.lax.dynamic_update_slice_in_dim(out, o, i * rows, axis=1)
+    return out, jax.lax.dynamic_update_slice_in_dim(lse, lse_i, i * rows, axis=1)
+
+  init = (jnp.zeros((K, TG, E), jnp.float32), jnp.zeros((K, TG), jnp.float32))
+  return jax.lax.fori_loop(0, order.shape[0], query_block, init)
+
+
+def _blocked_bwd_row(q, k, v, mask, out, lse, dout, order, count, trips, bq, bk, G):
+  """One row's gradients (dq, dk, dv) of `_blocked_fwd_row` (same order and
+  count): per query block, its dq is carried and written once; each visited
+  key block's dk and dv are accumulated in place."""
+  rows = bq * G
+  delta = (dout * out).sum(-1)  # [K, T*G]
+
+  def query_block(i, carry):
+    dq, dk, dv = carry
+    qi = jax.lax.dynamic_slice_in_dim(q, i * rows, rows, axis=1)
+    doi = jax.lax.dynamic_slice_in_dim(dout, i * rows, rows, axis=1)
+    li = jax.lax.dynamic_slice_in_dim(lse, i * rows, rows, axis=1)
+    di = jax.lax.dynamic_slice_in_dim(delta, i * rows, rows, axis=1)
+
+    def body(c):
+      n, dqi, dk, dv = c
+      j = order[i, n]
+      kj = jax.lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
+      vj = jax.lax.dynamic_slice_in_dim(v, j * bk, bk, axis=1)
+      mij = _block_mask(mask, i, j, bq, bk, G) & (n < count[i])
+      p = jnp.where(mij, jnp.exp(jnp.einsum("kre,kes->krs", qi, kj) - li[..., None]), 0.0)
+      ds = p * (jnp.einsum("kre,kse->krs", doi, vj) - di[..., None])
+      dkj = jax.lax.dynamic_slice_in_dim(dk, j * bk, bk, axis=2)
+      dvj = jax.lax.dynamic_slice_in_dim(dv, j * bk, bk, axis=1)
+      dk = jax.lax.dynamic_update_slice_in_dim(
+          dk, dkj + jnp.einsum("kre,krs->kes", qi, ds), j * bk, axis=2)
+      dv = jax.lax.dynamic_update_slice_in_dim(
+          dv, dvj + jnp.einsum("krs,kre->kse", p, doi), j * bk, axis=1)
+      return n + 1, dqi + jnp.einsum("krs,kes->kre", ds, kj), dk, dv
+
+    init = (jnp.int32(0), jnp.zeros_like(qi), dk, dv)
+    _, dqi, dk, dv = jax.lax.while_loop(lambda c: c[0] < trips[i], body, init)
+    return jax.lax.dynamic_update_slice_in_dim(dq, dqi, i * rows, axis=1), dk, dv
+
+  init = (jnp.zeros_like(q), jnp.zeros_like(k), jnp.zeros_like(v))
+  return jax.lax.fori_loop(0, order.shape[0], query_block, init)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
+def _blocked_core(q, k, v, mask, bq, bk, G):
+  """q [B, K, T*G, E] (scaled), k [B, K, E, S], v [B, K, S, E] float32, mask
+  [B, T, S] bool; T and S multiples of bq and bk -> out [B, K, T*G, E]."""
+  return _blocked_fwd(q, k, v, mask, bq, bk, G)[0]
+
+
+def _live(mask, bq, bk):
+  B, T, S = mask.shape
+  return mask.reshape(B, T // bq, bq, S // bk, bk).any(axis=(2, 4))  # [B, nQ, nK]
+
+
+def _blocked_fwd(q, k, v, mask, bq, bk, G):
+  order, count = _live_block_order(_live(mask, bq, bk))
+  fwd = functools.partial(_blocked_fwd_row, bq=bq, bk=bk, G=G)
+  trips = count.max(0)  # per query block, the busiest row's key blocks
+  out, lse = jax.vmap(fwd, in_axes=(0,) * 6 + (None,))(q, k, v, mask, order, count, trips)
+  return out, (q, k, v, mask, out, lse, order, count)
+
+
+def _blocked_bwd(bq, bk, G, res, dout):
+  q, k, v, mask, out, lse, order, count = res
+  bwd = functools.partial(_blocked_bwd_row, bq=bq, bk=bk, G=G)
+  dq, dk, dv = jax.vmap(bwd, in_axes=(0,) * 9 + (None,))(
+      q, k, v, mask, out, lse, dout, order, count, count.max(0))
+  return dq, dk, dv, None
+
+
+_blocked_core.defvjp(_blocked_fwd, _blocked_bwd)
+
+
+@ATTENTION.register("blocked")
+def blocked_attention(q, k, v, mask, block: int | None = None):
+  """Flash-style attention that visits only the blocks the mask reaches.
+
+  Shapes as `matmul_attention`. Queries and keys are cut into blocks of
+  `ATTENTION_BLOCK` (a shorter side is one block); each query block runs an
+  online softmax over the key blocks where its mask has any True entry, so a
+  causal mask skips about half the products and a packed row of several
+  segments (`segment_mask`) skips every block between segments. No [T, S]
+  score tensor is formed, forward or backward: the gradient (a custom VJP)
+  recomputes each visited block's probabilities from the saved log-sum-exp.
+  Under `vmap` over rows a query block loops as long as its busiest row.
+  Math in float32; the output in v's dtype. A query with no visible key
+  gives 0 (the matmul kernels average every value there; such rows are
+  padding and carry no loss).
+  """
+  B, T, H, E = q.shape
+  K, S = k.shape[1], k.shape[3]
+  G = H // K
+  block = block or ATTENTION_BLOCK
+  bq, bk = min(block, T), min(block, S)
+  Tp, Sp = -(-T // bq) * bq, -(-S // bk) * bk
+  f32 = jnp.float32
+  q = _scaled_queries(q).astype(f32)
+  if Tp > T:
+    q = jnp.pad(q, ((0, 0), (0, Tp - T), (0, 0), (0, 0)))
+  if Tp > T or Sp > S:
+    mask = jnp.pad(mask, ((0, 0), (0, Tp - T), (0, Sp - S)))
+  k, vf = k.astype(f32), v.astype(f32)
+  if Sp > S:
+    k = jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, Sp - S)))
+    vf = jnp.pad(vf, ((0, 0), (0, 0), (0, Sp - S), (0, 0)))
+  q = jnp.transpose(q.reshape(B, Tp, K, G, E), (0, 2, 1, 3, 4)).reshape(B, K, Tp * G, E)
+  out = _blocked_core(q, k, vf, mask, bq, bk, G)
+  out = jnp.transpose(out.reshape(B, K, Tp, G, E), (0, 2, 1, 3, 4))[:, :T]
+  return out.reshape(B, T, H, E).astype(v.dtype)
+
+
+
+@ATTENTION.register("auto")
+def auto_attention(q, k, v, mask):
+  """The default: on CPU "blocked" when the queries span more than one block
+  (training rows, long prefills), else "matmul". Elsewhere "matmul": the
+  blocked kernel's loops are plain XLA, not a fused accelerator kernel, and
+  have not been measured there."""
+  if q.shape[1] > ATTENTION_BLOCK and _on_cpu():
+    return blocked_attention(q, k, v, mask)
+  return matmul_attention(q, k, v, mask)
 
 # -- Decode attention ---------------------------------------------------------
 

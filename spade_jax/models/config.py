@@ -60,8 +60,11 @@ class ModelConfig:
     scan_layers: apply layers with `lax.scan` (compile time independent of
       depth); False unrolls them in Python.
     attention: prefill / train attention kernel, a name in
-      `attention.ATTENTION`: "matmul" (batched matmuls over (batch, kv head);
-      the default) or "einsum" (one einsum per product, its reference).
+      `attention.ATTENTION`: "auto" (the default: on CPU "blocked" for more
+      than `attention.ATTENTION_BLOCK` queries, else "matmul"), "matmul"
+      (batched matmuls over (batch, kv head)), "blocked" (online softmax
+      over only the key blocks the mask reaches; no [T, S] scores, forward
+      or backward) or "einsum" (one einsum per product, the reference).
     decode_attention: decode-step attention kernel, a name in
       `attention.DECODE_ATTENTION`: "auto" (on CPU small caches read whole
       with sum-of-products scores, larger ones walked block by block;
@@ -92,7 +95,7 @@ class ModelConfig:
   compute_dtype: str = "float32"
   remat: str = "none"
   scan_layers: bool = True
-  attention: str = "matmul"
+  attention: str = "auto"
   decode_attention: str = "auto"
 
   def __post_init__(self):

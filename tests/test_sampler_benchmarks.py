@@ -67,3 +67,12 @@ def test_rollout_benchmark_schedules_agree():
   assert "same transcripts True" in line and "speed-up" in line
   split = [l for l in out.splitlines() if "decode" in l and "steps" in l]
   assert len(split) == 2 and all(" 0 calls" not in l for l in split)
+
+
+@pytest.mark.slow
+def test_train_attention_benchmark_runs_and_kernels_agree():
+  out = _run("train_attention", "--models=tiny", "--batch=2", "--length=600",
+             "--layouts=packed", "--repeats=1", "--remat=none")
+  line = next(l for l in out.splitlines() if l.startswith("tiny      packed 2 x 600"))
+  assert float(line.split("logp max diff")[1].split()[0]) < 1e-4
+  assert float(line.split("grad max rel diff")[1].split()[0]) < 1e-4

@@ -212,6 +212,7 @@ def _blocked_core(q, k, v, mask, bq, bk, G):
 
 
 def _live(mask, bq, bk):
+  """mask [B, T, S] -> [B, T // bq, S // bk]: blocks with any True entry."""
   B, T, S = mask.shape
   return mask.reshape(B, T // bq, bq, S // bk, bk).any(axis=(2, 4))  # [B, nQ, nK]
 
@@ -273,7 +274,6 @@ def blocked_attention(q, k, v, mask, block: int | None = None):
   return out.reshape(B, T, H, E).astype(v.dtype)
 
 
-
 @ATTENTION.register("auto")
 def auto_attention(q, k, v, mask):
   """The default: on CPU "blocked" when the queries span more than one block
@@ -283,6 +283,7 @@ def auto_attention(q, k, v, mask):
   if q.shape[1] > ATTENTION_BLOCK and _on_cpu():
     return blocked_attention(q, k, v, mask)
   return matmul_attention(q, k, v, mask)
+
 
 # -- Decode attention ---------------------------------------------------------
 

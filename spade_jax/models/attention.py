@@ -130,12 +130,12 @@ def _block_mask(mask, i, j, bq, bk, G):
 
 
 def _visited_block(k, v, mask, order, count, i, n, bq, bk, G):
-  """Query block i's n-th key block: its keys, values and mask (all False past
-  the row's `count[i]` live blocks, so a row's extra trips add nothing)."""
+  """Query block i's n-th key block: (its index j, keys, values, mask); the mask
+  is all False past the row's `count[i]` live blocks, so extra trips add nothing."""
   j = order[i, n]
   kj = jax.lax.dynamic_slice_in_dim(k, j * bk, bk, axis=2)
   vj = jax.lax.dynamic_slice_in_dim(v, j * bk, bk, axis=1)
-  return kj, vj, _block_mask(mask, i, j, bq, bk, G) & (n < count[i])
+  return j, kj, vj, _block_mask(mask, i, j, bq, bk, G) & (n < count[i])
 
 
 def _blocked_fwd_row(q, k, v, mask, order, count, trips, bq, bk, G):
@@ -151,7 +151,7 @@ def _blocked_fwd_row(q, k, v, mask, order, count, trips, bq, bk, G):
 
     def body(c):
       n, m, l, acc = c
-      kj, vj, mij = _visited_block(k, v, mask, order, count, i, n, bq, bk, G)
+      _, kj, vj, mij = _visited_block(k, v, mask, order, count, i, n, bq, bk, G)
       s = jnp.where(mij, jnp.einsum("kre,kes->krs", qi, kj), MASK_VALUE)
       m_new = jnp.maximum(m, s.max(-1))
       p = jnp.where(mij, jnp.exp(s - m_new[..., None]), 0.0)
@@ -188,8 +188,7 @@ def _blocked_bwd_row(q, k, v, mask, out, lse, dout, order, count, trips, bq, bk,
 
     def body(c):
       n, dqi, dk, dv = c
-      j = order[i, n]
-      kj, vj, mij = _visited_block(k, v, mask, order, count, i, n, bq, bk, G)
+      j, kj, vj, mij = _visited_block(k, v, mask, order, count, i, n, bq, bk, G)
       p = jnp.where(mij, jnp.exp(jnp.einsum("kre,kes->krs", qi, kj) - li[..., None]), 0.0)
       ds = p * (jnp.einsum("kre,kse->krs", doi, vj) - di[..., None])
       dkj = jax.lax.dynamic_slice_in_dim(dk, j * bk, bk, axis=2)

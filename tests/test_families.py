@@ -84,6 +84,72 @@ def test_solution_wins_at_easiest_and_hardest(name, pool):
     assert all(won), (name, level, won)
 
 
+# What each family's worked step says about its first planned action (families
+# without a worked step write none).
+_NUM = r"(-?\d+)"
+WORK_CHECKS = {
+    "arithmetic_chain": (rf"{_NUM} [-+*] \d+ = {_NUM}",
+                         lambda m, a, w: m[2] == a and eval(w.split(" =")[0]) == int(a)),
+    "guess_number": (rf"{_NUM} \+ {_NUM} = {_NUM}, {_NUM} / 2 = {_NUM}",
+                     lambda m, a, w: (int(m[1]) + int(m[2]) == int(m[3]) == int(m[4])
+                                      and int(m[4]) // 2 == int(m[5]) == int(a))),
+    "prime_factors": (rf"{_NUM} / {_NUM} = {_NUM}",
+                      lambda m, a, w: m[2] == a and int(m[1]) == int(m[2]) * int(m[3])),
+    "base_convert": (rf"{_NUM} = {_NUM} \* {_NUM} \+ {_NUM}",
+                     lambda m, a, w: (m[2] == a and int(m[1]) == int(m[2]) * int(m[3])
+                                      + int(m[4]) and 0 <= int(m[4]) < int(m[3]))),
+    "reach_target": (rf"{_NUM} ([-+*]) (\d+) = {_NUM}, target {_NUM}",
+                     lambda m, a, w: m[2] + m[3] == a
+                     and eval(f"{m[1]} {m[2]} {m[3]}") == int(m[4])),
+    "grid_path": (r"P row (\d+) col (\d+), G row (\d+) col (\d+)", lambda m, a, w: True),
+    "number_sequence": (rf".*= {_NUM}", lambda m, a, w: m[1] == a),
+}
+
+
+def test_worked_steps_agree_with_the_plan(pool):
+  """``work()`` (rendered only with ``worked=True``) states the computation behind the
+  plan's first action, on every turn of a plan-following episode at every level."""
+  assert set(WORK_CHECKS) <= set(seen_families())
+  for name in NAMES:
+    fam = FAMILIES[name]
+    assert "def work(self)" not in fam.program_at(MEDIUM)  # the designer never sees it
+    assert (name in WORK_CHECKS) == bool(fam.work), name
+    for level in (EASIEST, MEDIUM, HARDEST):
+      knobs = fam.levels(level)
+      src = fam.program(worked=True, **knobs)
+      assert validate_program(src, pool, VALIDATION).valid, name
+      handles = tools_lib.start(pool, [src] * 3, "games", fam.max_turns(**knobs))
+      try:
+        for r in pool.reset_many(handles, seeds=[0, 1, 2]):
+          assert r.ok, (name, r.detail)
+        live = list(handles)
+        while live:
+          plans = pool.call_many(live, "solution")
+          works = pool.call_many(live, "work")
+          acts = []
+          for plan, work in zip(plans, works):
+            assert plan.ok and work.ok and isinstance(work.value, str), (name, work.detail)
+            act, text = plan.value[0], work.value
+            if name in WORK_CHECKS:
+              pattern, agrees = WORK_CHECKS[name]
+              m = re.fullmatch(pattern, text)
+              assert m and agrees(m, act, text), (name, level, text, act)
+            else:
+              assert text == "", (name, text)
+            acts.append("\\boxed{" + act + "}")
+          nxt = []
+          for h, r in zip(live, pool.step_many(live, acts)):
+            assert r.ok, (name, r.detail)
+            _, reward, term, trunc, _ = r.value
+            if term or trunc:
+              assert term and reward == 1.0, (name, level)
+            else:
+              nxt.append(h)
+          live = nxt
+      finally:
+        pool.release(handles)
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_difficulty_knobs_lower_the_noisy_win_rate(name, pool):
   fam = FAMILIES[name]

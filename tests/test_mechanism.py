@@ -70,6 +70,40 @@ def test_slips_lower_the_scripted_win_rate(chat, pool):
   assert win(clean) == 1.0 and win(noisy) < 0.5
 
 
+def test_worked_transcripts_add_the_step_and_keep_the_play(chat, pool):
+  """``worked=True`` writes the family's worked step before each box that follows the
+  plan; the same seed plays the same episodes, slips and outcomes, and every turn fits
+  the run's ``AGENT_TURN_TOKENS`` (bytes bound BPE tokens)."""
+  kw = dict(families=common.seen(), levels=range(5), p=0.15, p_hinted=0.05,
+            hinted_frac=0.5, max_turns=common.MAX_TURNS)
+  bare = data.agent_examples(pool, chat, 30, seed=5, **kw)
+  worked = data.agent_examples(pool, chat, 30, seed=5, worked=True, **kw)
+
+  def turns(row):
+    trained = [t for t, m in zip(row.tokens, row.mask) if m]
+    out, cur = [], []
+    for t in trained:
+      cur.append(t)
+      if t == chat.vocab.eos_id:
+        out.append(chat.vocab.decode(cur[:-1]))
+        assert len(cur) <= common.AGENT_TURN_TOKENS, chat.vocab.decode(cur)
+        cur = []
+    return out
+
+  with_work = 0
+  for b, w in zip(bare, worked):
+    assert (b.meta["family"], b.meta["knobs"], b.meta["solved"]) == (
+        w.meta["family"], w.meta["knobs"], w.meta["solved"])
+    tb, tw = turns(b), turns(w)
+    assert len(tb) == len(tw) >= 1
+    for x, y in zip(tb, tw):
+      assert y.endswith(x) and x.startswith("\\boxed{")  # the same action, boxed last
+      if y != x:
+        with_work += 1
+        assert y[:-len(x)].strip() and FAMILIES[w.meta["family"]].work
+  assert with_work >= 10
+
+
 def test_pack_keeps_every_token_in_its_own_segment():
   ex = [data.Example(list(range(1, n + 1)), [i % 2 == 0 for i in range(n)], i % 2)
         for i, n in enumerate([5, 9, 3, 7, 2, 6])]

@@ -171,6 +171,20 @@ def test_missing_optional_method_keeps_handle(pool):
   pool.release([h])
 
 
+def test_work_method_returns_text_or_a_contract_failure(pool):
+  base = builtin_program("guess_number")
+  good = base + "\n\ndef work(self):\n  return f'{self.secret} is it'\n\nGuessNumberEnv.work = work\n"
+  bad = base + "\n\ndef work(self):\n  return [1]\n\nGuessNumberEnv.work = work\n"
+  hs = pool.start([good, bad, base])
+  assert pool.reset_many(hs, seeds=[4, 4, 4])[0].ok
+  secret = pool.call_many(hs[:1], "solution")[0].value[0]
+  ok, wrong, missing = pool.call_many(hs, "work")
+  assert ok.ok and ok.value == f"{secret} is it"
+  assert not wrong.ok and wrong.reason == "contract" and "work()" in wrong.detail
+  assert not missing.ok and missing.reason == "contract" and hs[2].alive  # optional
+  pool.release(hs)
+
+
 def test_reference_style_program_gets_raw_action(pool):
   h = pool.start([fixture("reference_style")])[0]
   assert h.alive and h.action_mode == "raw"

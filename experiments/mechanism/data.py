@@ -101,11 +101,14 @@ def designer_examples(chat: ChatTemplate, corpus, n: int, seed: int, *,
 
 def agent_examples(pool, chat: ChatTemplate, n: int, seed: int, *, families: Sequence[str],
                    levels: Sequence[int], p: float, p_hinted: float, hinted_frac: float,
-                   max_turns: int, batch: int = 32) -> list[Example]:
+                   max_turns: int, batch: int = 32, worked: bool = False) -> list[Example]:
   """``n`` agent transcripts of the scripted noisy player (see the module docstring).
 
   Episodes run ``batch`` at a time in the sandbox ``pool``; family and level are drawn per
-  episode (``levels``: difficulty levels to draw from, repeats weight them).
+  episode (``levels``: difficulty levels to draw from, repeats weight them). ``worked``:
+  each turn that follows the plan writes the family's worked step before its box
+  (``Family.work``, e.g. ``19 + 7 = 26 \\boxed{26}``); the same seed gives the same
+  episodes and slips either way.
   """
   rng = random.Random(f"agent:{seed}")
   system = dz.agent_system_prompt("games")
@@ -116,12 +119,12 @@ def agent_examples(pool, chat: ChatTemplate, n: int, seed: int, *, families: Seq
       fam = FAMILIES[rng.choice(list(families))]
       plays.append((fam, fam.levels(rng.choice(list(levels))), rng.randrange(1 << 30),
                     rng.random() < hinted_frac))
-    out += _play(pool, chat, system, plays, rng, p, p_hinted, max_turns)
+    out += _play(pool, chat, system, plays, rng, p, p_hinted, max_turns, worked)
   return out
 
 
-def _play(pool, chat, system, plays, rng, p, p_hinted, max_turns) -> list[Example]:
-  sources = [fam.program(**knobs) for fam, knobs, _, _ in plays]
+def _play(pool, chat, system, plays, rng, p, p_hinted, max_turns, worked) -> list[Example]:
+  sources = [fam.program(worked=worked, **knobs) for fam, knobs, _, _ in plays]
   seeds = [s for _, _, s, _ in plays]
   hints: list[str | None] = [None] * len(plays)
   need = [i for i, pl in enumerate(plays) if pl[3]]
@@ -152,11 +155,14 @@ def _play(pool, chat, system, plays, rng, p, p_hinted, max_turns) -> list[Exampl
       if not live:
         break
       plans = pool.call_many([handles[i] for i in live], "solution")
+      works = (pool.call_many([handles[i] for i in live], "work") if worked
+               else [None] * len(live))
       actions = []
-      for i, plan in zip(live, plans):
+      for i, plan, work in zip(live, plans, works):
         fam, knobs, _, _ = plays[i]
         text = noisy_action(fam, plan.value if plan.ok else None, rng,
-                            p_hinted if hints[i] else p, knobs)
+                            p_hinted if hints[i] else p, knobs,
+                            work.value if work is not None and work.ok else None)
         _add(rows[i], chat.vocab.encode(text) + [chat.vocab.eos_id], True)
         actions.append(text)
       still = []

@@ -45,7 +45,7 @@ def _log(msg: str) -> None:
   print(f"[warm start {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def build_tokenizer(out: str, vocab_size: int) -> str:
+def build_tokenizer(out: str, vocab_size: int, worked: bool = False) -> str:
   """Trains the experiment's BPE vocabulary into ``out/tokenizer`` (once)."""
   from spade_jax import designer as dz  # pylint: disable=g-import-not-at-top
   from spade_jax.models import ChatTemplate, ByteVocab  # pylint: disable=g-import-not-at-top
@@ -65,7 +65,8 @@ def build_tokenizer(out: str, vocab_size: int) -> str:
   with sandbox.EnvPool(sandbox.SandboxConfig()) as pool:
     for ex in data.agent_examples(pool, chat, 120, seed=99, families=common.seen(),
                                   levels=range(5), p=P_SLIP, p_hinted=P_SLIP_HINTED,
-                                  hinted_frac=HINTED_FRAC, max_turns=common.MAX_TURNS):
+                                  hinted_frac=HINTED_FRAC, max_turns=common.MAX_TURNS,
+                                  worked=worked):
       texts.append(chat.vocab.decode(ex.tokens))
   texts.append(dz.agent_system_prompt(common.SETTING))
   tmp = tempfile.mkdtemp(prefix=".tokenizer.", dir=out)
@@ -74,7 +75,8 @@ def build_tokenizer(out: str, vocab_size: int) -> str:
   return path
 
 
-def build_data(out: str, chat, *, designer_rows: int, agent_rows: int) -> list:
+def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
+               worked: bool = False) -> list:
   """The supervised rows (cached in ``out/data.pkl``)."""
   from spade_jax import sandbox  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import common, data  # pylint: disable=g-import-not-at-top
@@ -93,10 +95,10 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int) -> list:
       rows += data.agent_examples(pool, chat, min(1000, agent_rows - start), seed=start,
                                   families=common.seen(), levels=AGENT_LEVELS, p=P_SLIP,
                                   p_hinted=P_SLIP_HINTED, hinted_frac=HINTED_FRAC,
-                                  max_turns=common.MAX_TURNS)
+                                  max_turns=common.MAX_TURNS, worked=worked)
       _log(f"  {min(agent_rows, start + 1000)}/{agent_rows} episodes")
   agent = [r for r in rows if r.role == data.AGENT]
-  stats = {"designer_rows": designer_rows, "agent_rows": len(agent),
+  stats = {"designer_rows": designer_rows, "agent_rows": len(agent), "worked": worked,
            "scripted_win_rate": sum(r.meta.get("solved", False) for r in agent) / len(agent),
            "tokens": sum(len(r.tokens) for r in rows),
            "trained_tokens": sum(sum(r.mask) for r in rows),
@@ -176,7 +178,7 @@ def export(out: str, params, model_cfg, tokenizer_dir: str) -> str:
 def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
           learning_rate: float, designer_rows: int, agent_rows: int, checkpoint_every: int,
           measure_episodes: int, measure_designs: int, num_microbatches: int = 1,
-          remat: str = "full", force: bool = False) -> dict:
+          remat: str = "full", worked: bool = False, force: bool = False) -> dict:
   """Runs every stage not yet done; returns the measured levels."""
   from spade_jax import models  # pylint: disable=g-import-not-at-top
   from spade_jax.models import ChatTemplate  # pylint: disable=g-import-not-at-top
@@ -194,13 +196,14 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
       elif os.path.exists(p):
         os.remove(p)
   shape = common.SMOKE_MODEL if smoke else common.MODEL
-  tok_dir = build_tokenizer(out, shape["vocab_size"])
+  tok_dir = build_tokenizer(out, shape["vocab_size"], worked)
   vocab = load_tokenizer(tok_dir)
   chat = ChatTemplate(vocab, thinking=False)
   model_cfg = models.get_preset("tiny", **shape)
   hf = os.path.join(out, "hf")
   if not os.path.isfile(os.path.join(hf, "config.json")):
-    rows = build_data(out, chat, designer_rows=designer_rows, agent_rows=agent_rows)
+    rows = build_data(out, chat, designer_rows=designer_rows, agent_rows=agent_rows,
+                      worked=worked)
     params = train(out, model_cfg, rows, steps=steps, batch_size=batch_size, seq_len=seq_len,
                    learning_rate=learning_rate, checkpoint_every=checkpoint_every,
                    micro=num_microbatches, remat=remat)
@@ -227,7 +230,7 @@ def main(argv):
             learning_rate=_LR.value, designer_rows=_DESIGNER.value,
             agent_rows=_AGENT.value, checkpoint_every=_CKPT.value,
             measure_episodes=_MEASURE.value, measure_designs=_MEASURE_DESIGNS.value,
-            num_microbatches=_MICRO.value, remat=_REMAT.value)
+            num_microbatches=_MICRO.value, remat=_REMAT.value, worked=_WORKED.value)
   if smoke:
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
@@ -256,14 +259,14 @@ def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
 # What `python -m experiments.mechanism.warm_start` builds (the flags' defaults).
 DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
-                num_microbatches=4, remat="none")
+                num_microbatches=4, remat="none", worked=False)
 SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
                    agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2)
 
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
@@ -274,6 +277,10 @@ def _define_flags() -> None:
   _LR = flags.DEFINE_float("learning_rate", 2e-3, "Peak learning rate (cosine decay).")
   _DESIGNER = flags.DEFINE_integer("designer_rows", 1000, "Designer prompt -> program rows.")
   _AGENT = flags.DEFINE_integer("agent_rows", 4000, "Agent transcripts.")
+  _WORKED = flags.DEFINE_bool("worked", False,
+                              "Agent turns that follow the plan write the family's worked step "
+                              "before the box (e.g. '19 + 7 = 26 \\boxed{26}'); slips stay "
+                              "bare guesses.")
   _CKPT = flags.DEFINE_integer("checkpoint_every", 10, "Steps between checkpoints.")
   _MEASURE = flags.DEFINE_integer("measure_episodes", 8,
                                   "Medium-level episodes per seen family when measuring.")

@@ -51,7 +51,7 @@ import struct
 import sys
 
 _HEADER = struct.Struct(">I")
-_OPTIONAL_METHODS = ("solution", "hint")
+_OPTIONAL_METHODS = ("solution", "hint", "work")
 
 
 class _Reject(Exception):
@@ -352,8 +352,8 @@ class _Host:
     if not callable(fn):
       raise _Reject("contract", "%s defines no %s() method" % (type(self.env).__name__, method))
     out = fn()
-    if method == "hint":
-      return _check_str(out, "hint()", self.obs_cap)
+    if method in ("hint", "work"):
+      return _check_str(out, method + "()", self.obs_cap)
     if not isinstance(out, (list, tuple)):
       raise _Reject("contract", "solution() must return list[str], got %s" % _describe(out))
     if len(out) > 10000:

@@ -49,7 +49,7 @@ _log = logging.getLogger(__name__)
 # call contract or returns bad values ("contract"), runs past its deadline or CPU
 # limit, runs out of memory, dies, or answers with too much output.
 FAILURES = ("syntax", "contract", "timeout", "memory", "crash", "output_too_large")
-OPTIONAL_METHODS = ("hint", "solution")
+OPTIONAL_METHODS = ("hint", "solution", "work")
 ACTION_MODES = names("auto", "boxed", "raw", "tool_call", kind="action mode")
 
 
@@ -139,8 +139,8 @@ def _check_value(op: str, value: Any, cap: int, method: str | None = None) -> st
     if not isinstance(term, bool) or not isinstance(trunc, bool) or not isinstance(info, dict):
       return "step() terminated/truncated must be bool and info a dict"
     return None
-  if op == "call" and method == "hint":
-    return text(value, "hint()")
+  if op == "call" and method in ("hint", "work"):
+    return text(value, f"{method}()")
   if op == "call":
     if not isinstance(value, list):
       return "solution() must return list[str]"
@@ -617,7 +617,12 @@ class EnvPool:
     return self._run(handles, reqs, "step")
 
   def call_many(self, handles: Sequence[EnvHandle], method: str) -> list[CallResult]:
-    """Calls an optional program method ("hint" or "solution") on every handle."""
+    """Calls an optional program method on every handle.
+
+    "hint" and "work" return a string, "solution" a list of action strings. "work" is a
+    worked step for the current state (e.g. ``19 + 7 = 26``): the procedural families
+    define it for scripted players; the run never calls it.
+    """
     if method not in OPTIONAL_METHODS:
       return [CallResult(False, None, "contract",
                          f"method {method!r} is not callable; expected one of {OPTIONAL_METHODS}")

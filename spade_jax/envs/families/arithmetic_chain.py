@@ -80,6 +80,14 @@ class ArithmeticChainEnv:
             f"{self.values[-1]}. Apply each operation to the previous value.")
 '''
 
+_WORK = r'''
+def work(self):
+  prev = self.values[self.stage - 1] if self.stage else self.start
+  kind, operand = self.ops[self.stage]
+  sign = {"add": "+", "subtract": "-"}.get(kind, "*")
+  return f"{prev} {sign} {operand} = {self.values[self.stage]}"
+'''
+
 FAMILY = Family(
     name="arithmetic_chain",
     skill="mathematical reasoning",
@@ -93,4 +101,5 @@ FAMILY = Family(
     body=_BODY,
     turns=lambda k: k["NUM_OPS"] + k["SLACK"],
     perturb=lambda rng, action, k: shift_int(rng, action, (-10, -2, -1, 1, 2, 10)),
+    work=_WORK,
 )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from collections.abc import Callable, Mapping
 
 # Difficulty levels run 0 (easiest) .. NUM_LEVELS - 1 (hardest); MEDIUM is the default.
@@ -66,6 +67,11 @@ class Family:
     perturb: (rng, intended action, knob values) -> a random plausible action, used by
       the noisy scripted solver in place of the intended one (it may happen to equal it).
     check: knob values -> None when they make a playable game, else why not.
+    work: optional source of a function ``work(self)`` of the env returning a worked step
+      for the current state (the local computation behind ``solution()[0]``, e.g.
+      ``19 + 7 = 26``; "" where none helps). Only :meth:`program` with ``worked=True``
+      renders it, as the env's ``work()`` method, for scripted players that show their
+      work; the designer-facing program never has it.
   """
   name: str
   skill: str
@@ -75,6 +81,7 @@ class Family:
   turns: Callable[[Mapping[str, int]], int]
   perturb: Callable[[random.Random, str, Mapping[str, int]], str]
   check: Callable[[Mapping[str, int]], str | None] = lambda knobs: None
+  work: str = ""
 
   @property
   def knob_names(self) -> tuple[str, ...]:
@@ -112,17 +119,26 @@ class Family:
       raise ValueError(f"{self.name} knobs {values}: {why}")
     return values
 
-  def program(self, **knobs: int) -> str:
+  def program(self, worked: bool = False, **knobs: int) -> str:
     """A complete env program with ``knobs`` (others at medium) baked in as constants.
 
-    Deterministic: the same knob values always give the same source.
+    Deterministic: the same knob values always give the same source. ``worked=True``
+    appends the family's ``work`` function as the env class's ``work()`` method (a
+    family without one gets a ``work()`` that returns "").
     """
     values = self.resolve(**knobs)
     lines = [f'"""{self.title}"""', "", f"# Difficulty knobs of the {self.name!r} family."]
     for k in self.knobs:
       lines.append(f"{k.name} = {values[k.name]!r}  # {k.doc}")
     lines.append(f"TURNS = {int(self.turns(values))!r}  # turns the game allows")
-    return "\n".join(lines) + "\n\n" + self.body.strip("\n") + "\n"
+    source = "\n".join(lines) + "\n\n" + self.body.strip("\n") + "\n"
+    if worked:
+      cls = re.search(r"^class (\w+)", self.body, re.M)
+      if cls is None:
+        raise ValueError(f"family {self.name!r}: its body defines no class")
+      work = self.work.strip("\n") or "def work(self):\n  return \"\""
+      source += f"\n\n{work}\n\n\n{cls.group(1)}.work = work\n"
+    return source
 
   def program_at(self, level: int | str = MEDIUM) -> str:
     """The program of difficulty ``level``."""

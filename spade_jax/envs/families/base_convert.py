@@ -67,6 +67,14 @@ class BaseConvertEnv:
             "first.")
 '''
 
+_WORK = r'''
+def work(self):
+  place = BASE ** (DIGITS - 1 - self.given)
+  rest = self.number % (place * BASE)
+  digit = rest // place
+  return f"{rest} = {digit} * {place} + {rest - digit * place}"
+'''
+
 FAMILY = Family(
     name="base_convert",
     skill="mathematical reasoning",
@@ -79,4 +87,5 @@ FAMILY = Family(
     body=_BODY,
     turns=lambda k: k["DIGITS"] + k["SLACK"],
     perturb=lambda rng, action, k: str(rng.randrange(k["BASE"])),
+    work=_WORK,
 )

@@ -98,6 +98,12 @@ def _check(k):
   return None
 
 
+_WORK = r'''
+def work(self):
+  (r, c), (gr, gc) = self.pos, self.goal
+  return f"P row {r} col {c}, G row {gr} col {gc}"
+'''
+
 FAMILY = Family(
     name="grid_path",
     skill="spatial reasoning",
@@ -112,4 +118,5 @@ FAMILY = Family(
     turns=lambda k: k["STEPS"] + k["SLACK"],
     perturb=lambda rng, action, k: rng.choice("UDLR"),
     check=_check,
+    work=_WORK,
 )

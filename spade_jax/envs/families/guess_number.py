@@ -76,6 +76,12 @@ def _turns(k):
   return k["HIGH"].bit_length() + k["SLACK"]
 
 
+_WORK = r'''
+def work(self):
+  total = self.lo + self.hi
+  return f"{self.lo} + {self.hi} = {total}, {total} / 2 = {total // 2}"
+'''
+
 FAMILY = Family(
     name="guess_number",
     skill="logical deduction",
@@ -87,4 +93,5 @@ FAMILY = Family(
     body=_BODY,
     turns=_turns,
     perturb=lambda rng, action, k: str(rng.randint(1, k["HIGH"])),
+    work=_WORK,
 )

@@ -74,13 +74,19 @@ def noisy_play(pool: EnvPool, family: Family, knobs: Mapping[str, int], seeds: S
 
 
 def noisy_action(family: Family, plan, rng: random.Random, p: float,
-                 knobs: Mapping[str, int]) -> str:
+                 knobs: Mapping[str, int], work: str | None = None) -> str:
   """The scripted player's turn: ``\\boxed{}`` of the plan's first action, or with
-  probability ``p`` of ``family.perturb``'s random plausible action instead."""
+  probability ``p`` of ``family.perturb``'s random plausible action instead.
+
+  ``work`` (the env's ``work()`` for this state) is written before the box when the turn
+  follows the plan, so a worked step always leads to the right action; a slip is a bare
+  guess.
+  """
   act = str((plan or [""])[0])
   if rng.random() < p:
-    act = family.perturb(rng, act, knobs)
-  return "\\boxed{" + act + "}"
+    return "\\boxed{" + family.perturb(rng, act, knobs) + "}"
+  prefix = f"{work.strip()} " if work and work.strip() else ""
+  return prefix + "\\boxed{" + act + "}"
 
 
 def noisy_win_rate(pool: EnvPool, family: Family, knobs: Mapping[str, int],

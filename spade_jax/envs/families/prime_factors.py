@@ -78,6 +78,12 @@ class PrimeFactorsEnv:
             f"{distinct[-1]}. Try small primes first.")
 '''.replace("@PRIMES@", repr(_PRIMES))
 
+_WORK = r'''
+def work(self):
+  rest, p = self._rest(), min(self.left)
+  return f"{rest} / {p} = {rest // p}"
+'''
+
 FAMILY = Family(
     name="prime_factors",
     skill="mathematical reasoning",
@@ -90,4 +96,5 @@ FAMILY = Family(
     body=_BODY,
     turns=lambda k: k["FACTORS"] + k["SLACK"],
     perturb=lambda rng, action, k: str(rng.choice([p for p in _PRIMES if p <= k["MAX_PRIME"]])),
+    work=_WORK,
 )

@@ -107,6 +107,15 @@ class ReachTargetEnv:
             f"{route[-1] if route else '?'}. Work backwards from {self.target}.")
 '''.replace("@POOL@", repr(_POOL))
 
+_WORK = r'''
+def work(self):
+  route = self._route(self.value)
+  if not route:
+    return ""
+  op = route[0]
+  return f"{self.value} {op[0]} {op[1:]} = {_apply(self.value, op)}, target {self.target}"
+'''
+
 FAMILY = Family(
     name="reach_target",
     skill="mathematical reasoning",
@@ -119,4 +128,5 @@ FAMILY = Family(
     body=_BODY,
     turns=lambda k: k["DEPTH"] + k["SLACK"],
     perturb=lambda rng, action, k: rng.choice(_POOL),
+    work=_WORK,
 )

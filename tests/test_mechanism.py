@@ -190,12 +190,15 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   rec = json.load(open(warm_start.write_results(ws, warm_start.SMOKE_BUILD, levels,
                                                 str(tmp_path / "warm_start.json"))))
   assert rec["levels"] == levels and rec["data"]["designer_rows"] == 4
+  assert rec["data"]["worked"] is True  # the smoke build writes worked steps
   assert [s for s, _ in rec["loss"]] == [3]  # logged every 10 steps and at the last
   from experiments.mechanism import diagnose
   diag = diagnose.diagnose(ws, rows_per_family=2)
   assert diag and all(r["turns"] > 0 for r in diag.values())
   for r in diag.values():  # the whole action right implies its format right
     assert 0.0 <= r["action_rate"] <= r["format_rate"] <= 1.0 and r["nats_per_token"] > 0
+    assert r["action_rate"] <= r["answer_rate"] <= 1.0 and 0.0 <= r["work_rate"] <= 1.0
+  assert sum(r["worked_turns"] for r in diag.values()) > 0
   path = run.run("static", 0, smoke=True, workdir=str(tmp_path / "run"))
   out = json.load(open(path))
   assert out["arm"] == "static" and out["iterations"] == 2

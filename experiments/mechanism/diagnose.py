@@ -6,9 +6,11 @@ Reads the warm start's cached agent transcripts (``data.pkl``: the scripted play
 episodes) and its checkpoint (``hf/``) and, teacher-forced on each transcript, asks for
 every agent turn whether the model's arg-max continuation is the player's whole action
 (``\boxed{...}`` and the end of turn). Per seen family it prints that rate, the rate with
-the answer inside ``\boxed{}`` ignored (format only), and the nats per trained token. A
-model that has the format but not the decisions shows a high format rate and a low action
-rate. The player slips on ~10% of turns (``warm_start.P_SLIP``), so 90% is about the best
+the answer inside ``\boxed{}`` ignored (format only), the rate at which the answer alone is
+right given everything before it in the turn (for ``--worked`` transcripts: given the
+worked step), the rate at which a worked step (text before the box, where the turn has
+one) is right, and the nats per trained token. A model that has the format but not the
+decisions shows a high format rate and a low action rate. The player slips on ~10% of turns (``warm_start.P_SLIP``), so 90% is about the best
 possible action rate.
 """
 
@@ -92,7 +94,7 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
   for family in sorted(by_family):
     pool = by_family[family]
     pick = rng.choice(len(pool), min(rows_per_family, len(pool)), replace=False)
-    n_turns = action_ok = format_ok = 0
+    n_turns = action_ok = format_ok = answer_ok = n_worked = work_ok = 0
     nll, n_tok = 0.0, 0
     for k in pick:
       ex = pool[int(k)]
@@ -114,10 +116,18 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
           end = box[1] - 1 if vocab.decode(ex.tokens[box[1] - 1:box[1]]) == "}" else box[1]
           keep[box[0] - a:end - a] = False
         format_ok += int(np.array_equal(guess[keep], target[keep]))
+        answer_ok += int(np.array_equal(guess[~keep], target[~keep]))
+        lead = next((i for i in range(b - a) if "\\" in vocab.decode(target[i:i + 1].tolist())),
+                    0)
+        if lead:  # a worked step precedes the box
+          n_worked += 1
+          work_ok += int(np.array_equal(guess[:lead], target[:lead]))
         nll -= float(lp[0, np.arange(a - 1, b - 1), target].sum())
         n_tok += b - a
     out[family] = {"turns": n_turns, "action_rate": action_ok / max(n_turns, 1),
                    "format_rate": format_ok / max(n_turns, 1),
+                   "answer_rate": answer_ok / max(n_turns, 1), "worked_turns": n_worked,
+                   "work_rate": work_ok / max(n_worked, 1),
                    "nats_per_token": nll / max(n_tok, 1)}
   return out
 
@@ -126,9 +136,11 @@ def main(argv):
   del argv
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   res = diagnose(_OUT.value or common.warm_start_dir(_SMOKE.value), _ROWS.value)
-  print(f"{'family':18s} {'turns':>5s} {'action':>7s} {'format':>7s} {'nats/tok':>8s}")
+  print(f"{'family':18s} {'turns':>5s} {'action':>7s} {'format':>7s} {'answer':>7s} "
+        f"{'worked':>6s} {'work':>5s} {'nats/tok':>8s}")
   for fam, r in res.items():
     print(f"{fam:18s} {r['turns']:5d} {r['action_rate']:7.2f} {r['format_rate']:7.2f} "
+          f"{r['answer_rate']:7.2f} {r['worked_turns']:6d} {r['work_rate']:5.2f} "
           f"{r['nats_per_token']:8.3f}")
   if _JSON.value:
     os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)

@@ -261,7 +261,8 @@ DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, desig
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4, remat="none", worked=False)
 SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
-                   agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2)
+                   agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2,
+                   worked=True)
 
 
 def _define_flags() -> None:

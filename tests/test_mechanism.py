@@ -1,9 +1,11 @@
 """The mechanism experiment: warm-start data, the smoke build, one arm's smoke run, report."""
 
+import dataclasses
 import json
 import math
 import os
 
+import jax
 import numpy as np
 import pytest
 
@@ -104,6 +106,24 @@ def test_worked_transcripts_add_the_step_and_keep_the_play(chat, pool):
   assert with_work >= 10
 
 
+def chat_of(build_dir):
+  """The vocabulary of a warm-start build."""
+  from spade_jax.models.tokenizer import load_tokenizer
+  return load_tokenizer(os.path.join(build_dir, "tokenizer"))
+
+
+def test_copy_rows_train_only_the_repeat():
+  vocab = ByteVocab()
+  rows = data.copy_examples(vocab, 6, seed=2)
+  assert rows == data.copy_examples(vocab, 6, seed=2)  # seeded
+  for i, r in enumerate(rows):
+    k = r.mask.index(True)
+    assert not any(r.mask[:k]) and all(r.mask[k:]) and r.tokens[-1] == vocab.eos_id
+    first, again = vocab.decode(r.tokens[:k]), vocab.decode(r.tokens[k:-1])
+    assert first == again + "\n" and 8 <= len(again.split()) <= 60
+    assert again.replace(" ", "").isdigit() == (i % 2 == 0)
+
+
 def test_pack_keeps_every_token_in_its_own_segment():
   ex = [data.Example(list(range(1, n + 1)), [i % 2 == 0 for i in range(n)], i % 2)
         for i, n in enumerate([5, 9, 3, 7, 2, 6])]
@@ -199,6 +219,22 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
     assert 0.0 <= r["action_rate"] <= r["format_rate"] <= 1.0 and r["nats_per_token"] > 0
     assert r["action_rate"] <= r["answer_rate"] <= 1.0 and 0.0 <= r["work_rate"] <= 1.0
   assert sum(r["worked_turns"] for r in diag.values()) > 0
+  # --init_from: a new build starts from these weights, with a fresh optimizer.
+  from spade_jax import models
+  start, cfg = models.load_hf(os.path.join(ws, "hf"))
+  rows = data.copy_examples(chat_of(ws), 8, seed=0)
+  out = str(tmp_path / "continued")
+  kw = dict(steps=1, batch_size=8, seq_len=1024, learning_rate=1e-4, checkpoint_every=1)
+  moved = warm_start.train(out, cfg, rows, init_from=os.path.join(ws, "hf"), **kw)
+  fresh = warm_start.train(str(tmp_path / "fresh"), cfg, rows, **kw)
+  dist = lambda a, b: max(float(np.abs(np.asarray(x, np.float32) - np.asarray(y, np.float32))
+                                .max()) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
+  # One AdamW step at 1e-4 moves a weight by about the rate at most; a fresh init lies
+  # where the smoke build's three steps at 2e-3 started.
+  assert dist(moved, start) <= 1.5e-4 and dist(fresh, start) > 5e-4
+  with pytest.raises(ValueError, match="model shape differs"):
+    warm_start.train(str(tmp_path / "other"), dataclasses.replace(cfg, d_model=32), rows,
+                     init_from=os.path.join(ws, "hf"), **kw)
   path = run.run("static", 0, smoke=True, workdir=str(tmp_path / "run"))
   out = json.load(open(path))
   assert out["arm"] == "static" and out["iterations"] == 2

@@ -181,6 +181,32 @@ def _play(pool, chat, system, plays, rng, p, p_hinted, max_turns, worked) -> lis
   return rows
 
 
+def copy_examples(vocab, n: int, seed: int, *, min_len: int = 8,
+                  max_len: int = 60) -> list[Example]:
+  """``n`` copy rows: a random text, then the same text again, only the repeat trained.
+
+  Half the texts are lists of random numbers (0-999), half random lower-case words; each
+  has ``min_len``-``max_len`` items. Predicting the repeat needs in-context copying (an
+  "induction" circuit), which the agent's turns need too (an operand from the
+  observation, a result from the worked step) but whose signal in transcripts is sparse.
+  """
+  rng = random.Random(f"copy:{seed}")
+  letters = "abcdefghijklmnopqrstuvwxyz"
+  out = []
+  for i in range(n):
+    k = rng.randint(min_len, max_len)
+    if i % 2 == 0:
+      text = " ".join(str(rng.randrange(1000)) for _ in range(k))
+    else:
+      text = " ".join("".join(rng.choice(letters) for _ in range(rng.randint(1, 6)))
+                      for _ in range(k))
+    first = vocab.encode(text + "\n")
+    again = vocab.encode(text) + [vocab.eos_id]
+    out.append(Example(first + again, [False] * len(first) + [True] * len(again), AGENT,
+                       {"family": "copy"}))
+  return out
+
+
 def _add(ex: Example, ids: Sequence[int], mask: bool) -> None:
   ex.tokens.extend(ids)
   ex.mask.extend([mask] * len(ids))

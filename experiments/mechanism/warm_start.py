@@ -76,7 +76,7 @@ def build_tokenizer(out: str, vocab_size: int, worked: bool = False) -> str:
 
 
 def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
-               worked: bool = False) -> list:
+               worked: bool = False, copy_rows: int = 0) -> list:
   """The supervised rows (cached in ``out/data.pkl``)."""
   from spade_jax import sandbox  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import common, data  # pylint: disable=g-import-not-at-top
@@ -98,7 +98,11 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
                                   max_turns=common.MAX_TURNS, worked=worked)
       _log(f"  {min(agent_rows, start + 1000)}/{agent_rows} episodes")
   agent = [r for r in rows if r.role == data.AGENT]
+  if copy_rows:
+    _log(f"writing {copy_rows} copy rows")
+    rows += data.copy_examples(chat.vocab, copy_rows, seed=0)
   stats = {"designer_rows": designer_rows, "agent_rows": len(agent), "worked": worked,
+           "copy_rows": copy_rows,
            "scripted_win_rate": sum(r.meta.get("solved", False) for r in agent) / len(agent),
            "tokens": sum(len(r.tokens) for r in rows),
            "trained_tokens": sum(sum(r.mask) for r in rows),
@@ -113,8 +117,13 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
 
 
 def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: int,
-          learning_rate: float, checkpoint_every: int, micro: int = 1, remat: str = "full"):
-  """SFT with checkpoints under ``out/train``; returns the final params."""
+          learning_rate: float, checkpoint_every: int, micro: int = 1, remat: str = "full",
+          init_from: str = ""):
+  """SFT with checkpoints under ``out/train``; returns the final params.
+
+  ``init_from``: an HF directory whose weights start a build that has no checkpoint yet
+  (a fresh optimizer and schedule); ignored once the build has a checkpoint.
+  """
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from spade_jax import checkpoint, parallel  # pylint: disable=g-import-not-at-top
@@ -131,8 +140,17 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
                                     warmup_steps=min(100, steps // 10), total_steps=steps,
                                     weight_decay=0.1, b1=0.9, b2=0.98),
                     mesh, parallel.RULE_SETS[mesh_cfg.rules])
-  state = trainer.init_state(jax.random.key(0))
   ckpt = checkpoint.Checkpointer(os.path.join(out, "train"), keep=2)
+  if init_from and ckpt.latest_step() is None:
+    from spade_jax import models  # pylint: disable=g-import-not-at-top
+    params, loaded = models.load_hf(init_from)
+    if models.param_shapes(loaded) != models.param_shapes(model_cfg):
+      raise ValueError(f"--init_from={init_from}: its model shape differs from this build's "
+                       "(use a checkpoint of the same experiment size).")
+    state = trainer.state_from_params(params)
+    _log(f"started from the weights in {init_from}")
+  else:
+    state = trainer.init_state(jax.random.key(0))
   start = 0
   if ckpt.latest_step() is not None:
     state, _, host = ckpt.restore(state, {"step": np.zeros((), np.int32)})
@@ -178,7 +196,8 @@ def export(out: str, params, model_cfg, tokenizer_dir: str) -> str:
 def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
           learning_rate: float, designer_rows: int, agent_rows: int, checkpoint_every: int,
           measure_episodes: int, measure_designs: int, num_microbatches: int = 1,
-          remat: str = "full", worked: bool = False, force: bool = False) -> dict:
+          remat: str = "full", worked: bool = False, copy_rows: int = 0,
+          init_from: str = "", force: bool = False) -> dict:
   """Runs every stage not yet done; returns the measured levels."""
   from spade_jax import models  # pylint: disable=g-import-not-at-top
   from spade_jax.models import ChatTemplate  # pylint: disable=g-import-not-at-top
@@ -203,10 +222,10 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   hf = os.path.join(out, "hf")
   if not os.path.isfile(os.path.join(hf, "config.json")):
     rows = build_data(out, chat, designer_rows=designer_rows, agent_rows=agent_rows,
-                      worked=worked)
+                      worked=worked, copy_rows=copy_rows)
     params = train(out, model_cfg, rows, steps=steps, batch_size=batch_size, seq_len=seq_len,
                    learning_rate=learning_rate, checkpoint_every=checkpoint_every,
-                   micro=num_microbatches, remat=remat)
+                   micro=num_microbatches, remat=remat, init_from=init_from)
     export(out, params, model_cfg, tok_dir)
     _log(f"wrote {hf}")
   levels_path = os.path.join(out, "levels.json")
@@ -230,7 +249,8 @@ def main(argv):
             learning_rate=_LR.value, designer_rows=_DESIGNER.value,
             agent_rows=_AGENT.value, checkpoint_every=_CKPT.value,
             measure_episodes=_MEASURE.value, measure_designs=_MEASURE_DESIGNS.value,
-            num_microbatches=_MICRO.value, remat=_REMAT.value, worked=_WORKED.value)
+            num_microbatches=_MICRO.value, remat=_REMAT.value, worked=_WORKED.value,
+            copy_rows=_COPY.value, init_from=_INIT.value)
   if smoke:
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
@@ -259,7 +279,7 @@ def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
 # What `python -m experiments.mechanism.warm_start` builds (the flags' defaults).
 DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
-                num_microbatches=4, remat="none", worked=False)
+                num_microbatches=4, remat="none", worked=False, copy_rows=0, init_from="")
 SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
                    agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2,
                    worked=True)
@@ -267,7 +287,7 @@ SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, desi
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
@@ -282,6 +302,11 @@ def _define_flags() -> None:
                               "Agent turns that follow the plan write the family's worked step "
                               "before the box (e.g. '19 + 7 = 26 \\boxed{26}'); slips stay "
                               "bare guesses.")
+  _COPY = flags.DEFINE_integer("copy_rows", 0, "Copy rows (a random text, then the same "
+                               "text again, only the repeat trained): in-context copying.")
+  _INIT = flags.DEFINE_string("init_from", "", "An HF directory (e.g. another build's hf/) "
+                              "whose weights start this build, with a fresh optimizer and "
+                              "schedule; ignored once the build has a checkpoint.")
   _CKPT = flags.DEFINE_integer("checkpoint_every", 10, "Steps between checkpoints.")
   _MEASURE = flags.DEFINE_integer("measure_episodes", 8,
                                   "Medium-level episodes per seen family when measuring.")

@@ -219,6 +219,9 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
     assert 0.0 <= r["action_rate"] <= r["format_rate"] <= 1.0 and r["nats_per_token"] > 0
     assert r["action_rate"] <= r["answer_rate"] <= 1.0 and 0.0 <= r["work_rate"] <= 1.0
   assert sum(r["worked_turns"] for r in diag.values()) > 0
+  probe = diagnose.copy_probe(ws, rows=2, length=8)
+  assert set(probe) == {"first_top1", "repeat_top1"}
+  assert all(0.0 <= v <= 1.0 for v in probe.values())
   # --init_from: a new build starts from these weights, with a fresh optimizer.
   from spade_jax import models
   start, cfg = models.load_hf(os.path.join(ws, "hf"))

@@ -10,7 +10,8 @@ the answer inside ``\boxed{}`` ignored (format only), the rate at which the answ
 right given everything before it in the turn (for ``--worked`` transcripts: given the
 worked step), the rate at which a worked step (text before the box, where the turn has
 one) is right, and the nats per trained token. A model that has the format but not the
-decisions shows a high format rate and a low action rate. The player slips on ~10% of turns (``warm_start.P_SLIP``), so 90% is about the best
+decisions shows a high format rate and a low action rate. Last, a copy probe: random digit
+strings followed by themselves; a model that copies in context predicts the repeat. The player slips on ~10% of turns (``warm_start.P_SLIP``), so 90% is about the best
 possible action rate.
 """
 
@@ -79,7 +80,7 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
   vocab = load_tokenizer(os.path.join(out_dir, "hf"))
   by_family = collections.defaultdict(list)
   for r in rows:
-    if r.role == data.AGENT:
+    if r.role == data.AGENT and r.meta.get("family") != "copy":  # copy rows: no turns
       by_family[r.meta["family"]].append(r)
 
   @jax.jit
@@ -132,6 +133,27 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
   return out
 
 
+def copy_probe(out_dir: str, rows: int = 8, length: int = 40, seed: int = 0) -> dict:
+  """Whether the model copies in context: ``rows`` random digit strings of ``length``
+  digits, each followed by itself; the arg-max next-digit accuracy on the first copy
+  (chance: ~0.1) and on the repeat (a model that copies: near 1)."""
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  from spade_jax.models.qwen3 import forward, segment_mask  # pylint: disable=g-import-not-at-top
+  from spade_jax.models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  params, cfg = models.load_hf(os.path.join(out_dir, "hf"))
+  vocab = load_tokenizer(os.path.join(out_dir, "hf"))
+  digits = np.asarray([vocab.encode(str(d))[-1] for d in range(10)])
+  half = digits[np.random.default_rng(seed).integers(0, 10, (rows, length))]
+  t = jnp.asarray(np.concatenate([half, half], 1), jnp.int32)
+  logits, _ = forward(params, cfg, t, jnp.arange(2 * length)[None],
+                      segment_mask(jnp.ones_like(t)))
+  hit = np.asarray(jnp.argmax(logits[:, :-1], -1) == t[:, 1:])
+  return {"first_top1": float(hit[:, :length - 1].mean()),
+          "repeat_top1": float(hit[:, length:].mean())}
+
+
 def main(argv):
   del argv
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
@@ -142,10 +164,13 @@ def main(argv):
     print(f"{fam:18s} {r['turns']:5d} {r['action_rate']:7.2f} {r['format_rate']:7.2f} "
           f"{r['answer_rate']:7.2f} {r['worked_turns']:6d} {r['work_rate']:5.2f} "
           f"{r['nats_per_token']:8.3f}")
+  probe = copy_probe(_OUT.value or common.warm_start_dir(_SMOKE.value))
+  print(f"copy probe (next digit, arg-max): first copy {probe['first_top1']:.2f}, repeat "
+        f"{probe['repeat_top1']:.2f}")
   if _JSON.value:
     os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
     with open(_JSON.value, "w") as f:
-      json.dump(res, f, indent=1)
+      json.dump({**res, "copy_probe": probe}, f, indent=1)
 
 
 if __name__ == "__main__":

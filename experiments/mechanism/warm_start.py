@@ -103,7 +103,8 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
     rows += data.copy_examples(chat.vocab, copy_rows, seed=0)
   stats = {"designer_rows": designer_rows, "agent_rows": len(agent), "worked": worked,
            "copy_rows": copy_rows,
-           "scripted_win_rate": sum(r.meta.get("solved", False) for r in agent) / len(agent),
+           "scripted_win_rate": (sum(r.meta.get("solved", False) for r in agent)
+                                 / max(1, len(agent))),
            "tokens": sum(len(r.tokens) for r in rows),
            "trained_tokens": sum(sum(r.mask) for r in rows),
            "longest": max(len(r.tokens) for r in rows), "seconds": time.time() - t0}

@@ -11,7 +11,8 @@ right given everything before it in the turn (for ``--worked`` transcripts: give
 worked step), the rate at which a worked step (text before the box, where the turn has
 one) is right, and the nats per trained token. A model that has the format but not the
 decisions shows a high format rate and a low action rate. Last, a copy probe: random digit
-strings followed by themselves; a model that copies in context predicts the repeat. The player slips on ~10% of turns (``warm_start.P_SLIP``), so 90% is about the best
+strings followed by themselves; a model that copies in context predicts the repeat. The
+player slips on ~10% of turns (``warm_start.P_SLIP``), so 90% is about the best
 possible action rate.
 """
 

@@ -124,6 +124,27 @@ def test_copy_rows_train_only_the_repeat():
     assert again.replace(" ", "").isdigit() == (i % 2 == 0)
 
 
+def test_copy_check_rows_and_a_short_run():
+  from experiments.mechanism import copy_check  # pylint: disable=g-import-not-at-top
+  fixed = copy_check.examples(5, 0, alphabet=20, fixed_len=30)
+  free = copy_check.examples(40, 0, alphabet=20, fixed_len=None)
+  for r in fixed + free:
+    k = r.tokens.index(copy_check.SEP)
+    assert r.tokens[k + 1:-1] == r.tokens[:k] and r.tokens[-1] == copy_check.END
+    assert r.mask == [False] * (k + 1) + [True] * (k + 1)
+    assert all(copy_check.FIRST_ID <= t < copy_check.FIRST_ID + 20 for t in r.tokens[:k])
+  assert {len(r.tokens) for r in fixed} == {62}
+  assert len({len(r.tokens) for r in free}) > 10  # no fixed distance to copy from
+  curve = copy_check.run(size="smoke", offset="variable", steps=4, alphabet=20,
+                         learning_rate=3e-3, seq_len=256, fixed_len=0, every=2,
+                         log=lambda _: None)
+  assert [c["step"] for c in curve] == [2, 4]
+  assert all(0.0 <= c["repeat_top1"] <= 1.0 and math.isfinite(c["loss"]) for c in curve)
+  with pytest.raises(ValueError, match="raise --seq_len"):
+    copy_check.run(size="smoke", offset="fixed", steps=1, alphabet=20, learning_rate=1e-3,
+                   seq_len=64, fixed_len=40, every=1)
+
+
 def test_pack_keeps_every_token_in_its_own_segment():
   ex = [data.Example(list(range(1, n + 1)), [i % 2 == 0 for i in range(n)], i % 2)
         for i, n in enumerate([5, 9, 3, 7, 2, 6])]

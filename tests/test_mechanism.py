@@ -140,9 +140,21 @@ def test_copy_check_rows_and_a_short_run():
                          log=lambda _: None)
   assert [c["step"] for c in curve] == [2, 4]
   assert all(0.0 <= c["repeat_top1"] <= 1.0 and math.isfinite(c["loss"]) for c in curve)
+  pytest.importorskip("transformers")
+  curve = copy_check.run(size="smoke", offset="fixed", steps=3, alphabet=20,
+                         learning_rate=3e-3, seq_len=124, fixed_len=30, every=1,
+                         vs_torch=True, log=lambda _: None)
+  for c in curve:  # the same model trained in PyTorch on the same rows
+    assert c["torch_loss"] == pytest.approx(c["loss"], rel=1e-5)
   with pytest.raises(ValueError, match="raise --seq_len"):
     copy_check.run(size="smoke", offset="fixed", steps=1, alphabet=20, learning_rate=1e-3,
                    seq_len=64, fixed_len=40, every=1)
+  with pytest.raises(ValueError, match="multiple of it"):
+    copy_check.run(size="smoke", offset="fixed", steps=1, alphabet=20, learning_rate=1e-3,
+                   seq_len=130, fixed_len=30, every=1)
+  with pytest.raises(ValueError, match="pass --offset=fixed"):
+    copy_check.run(size="smoke", offset="variable", steps=1, alphabet=20,
+                   learning_rate=1e-3, seq_len=256, fixed_len=30, every=1, vs_torch=True)
 
 
 def test_pack_keeps_every_token_in_its_own_segment():

@@ -1,7 +1,8 @@
 r"""How fast a model of the experiment's shapes learns in-context copying on this trainer.
 
   python -m experiments.mechanism.copy_check [--size=smoke|full] [--offset=variable|fixed] \
-      [--steps=400] [--alphabet=54] [--learning_rate=3e-3] [--seq_len=512] [--json=PATH]
+      [--steps=400] [--alphabet=54] [--learning_rate=3e-3] [--seq_len=512] [--vs_torch] \
+      [--json=PATH]
 
 Trains a model from random weights with the warm start's optimizer (AdamW, warm-up then
 cosine decay, weight decay 0.1, betas 0.9/0.98, clipping at 1) on rows made of a random
@@ -12,6 +13,12 @@ always sits the same distance back and one positional attention head solves the 
 earlier occurrence of the current token, copy what followed it), which is what the agent
 needs to read numbers out of an observation. Every ``--every`` steps it prints the loss and
 the arg-max accuracy on the repeats of held-out rows; ``--json`` writes that curve.
+
+``--vs_torch`` (with ``--offset=fixed``) also trains the same model in PyTorch
+(``transformers``' Qwen3 from this model's exported starting weights, ``torch.optim.AdamW`` with
+the same decay mask, clipping and schedule) on the same rows, each packed segment its own
+PyTorch row, and prints both losses: a check of the whole training path against another
+trainer over many steps.
 
 ``--size``: ``smoke`` is the smoke warm start's shape (2 layers, width 64; vocabulary
 ``alphabet + 10``), ``full`` the experiment's (8 layers, width 320, 6,144 ids).
@@ -33,6 +40,8 @@ _ALPHABET = flags.DEFINE_integer("alphabet", 54, "Distinct ids a sequence draws 
 _LR = flags.DEFINE_float("learning_rate", 3e-3, "Peak learning rate.")
 _SEQ = flags.DEFINE_integer("seq_len", 512, "Tokens per packed row.")
 _FIXED = flags.DEFINE_integer("fixed_len", 127, "Sequence length with --offset=fixed.")
+_VS_TORCH = flags.DEFINE_bool("vs_torch", False, "Also train the same model in PyTorch on the "
+                               "same rows and print both losses (--offset=fixed).")
 _EVERY = flags.DEFINE_integer("every", 25, "Steps between evaluations.")
 _JSON = flags.DEFINE_string("json", "", "Also write the curve to this JSON file.")
 
@@ -56,8 +65,10 @@ def examples(n: int, seed: int, alphabet: int, fixed_len: int | None):
 
 
 def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: float,
-        seq_len: int, fixed_len: int, every: int, log=print) -> list[dict]:
-  """Trains and returns the curve: ``{"step", "loss", "repeat_top1", "seconds"}`` rows."""
+        seq_len: int, fixed_len: int, every: int, vs_torch: bool = False,
+        log=print) -> list[dict]:
+  """Trains and returns the curve: ``{"step", "loss", "repeat_top1", "seconds"}`` rows
+  (and ``"torch_loss"``, the PyTorch model's loss on the same batch, with ``vs_torch``)."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from spade_jax import models, parallel  # pylint: disable=g-import-not-at-top
@@ -69,6 +80,11 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
   if fixed is not None and 2 * fixed + 2 > seq_len:
     raise ValueError(f"--fixed_len={fixed_len} needs rows of {2 * fixed_len + 2} tokens; "
                      f"raise --seq_len (now {seq_len}).")
+  if fixed is not None and seq_len % (2 * fixed + 2):
+    raise ValueError(f"--offset=fixed packs whole rows of {2 * fixed + 2} tokens: make "
+                     f"--seq_len (now {seq_len}) a multiple of it.")
+  if vs_torch and fixed is None:
+    raise ValueError("--vs_torch compares equal-length rows: pass --offset=fixed.")
   if offset == "variable" and 2 * MAX_LEN + 2 > seq_len:
     raise ValueError(f"--offset=variable needs --seq_len >= {2 * MAX_LEN + 2}.")
   shape = common.SMOKE_MODEL if size == "smoke" else common.MODEL
@@ -77,18 +93,24 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
     raise ValueError(f"--alphabet={alphabet} does not fit the {vocab}-id vocabulary.")
   cfg = models.ModelConfig(**dict(shape, vocab_size=vocab))
   mesh_cfg = parallel.MeshConfig()
+  opt_cfg = OptimizerConfig(learning_rate=learning_rate, schedule="cosine",
+                            warmup_steps=min(20, steps // 10), total_steps=steps,
+                            weight_decay=0.1, b1=0.9, b2=0.98)
   trainer = Trainer(cfg, TrainConfig(BATCH, seq_len, 1, objective="sft"),
-                    LossConfig(kl_coef=0.0, aggregation="token_mean"),
-                    OptimizerConfig(learning_rate=learning_rate, schedule="cosine",
-                                    warmup_steps=min(20, steps // 10), total_steps=steps,
-                                    weight_decay=0.1, b1=0.9, b2=0.98),
+                    LossConfig(kl_coef=0.0, aggregation="token_mean"), opt_cfg,
                     parallel.make_mesh(mesh_cfg, jax.devices()),
                     parallel.RULE_SETS[mesh_cfg.rules])
   state = trainer.init_state(jax.random.key(0))
-  batches = data.pack(examples(max(1000, steps * BATCH * 4), 0, alphabet, fixed),
-                      BATCH, seq_len, seed=0)
+  if fixed is None:
+    batches = data.pack(examples(max(1000, steps * BATCH * 4), 0, alphabet, None),
+                        BATCH, seq_len, seed=0)
+  else:  # whole rows of seq_len // (2 * fixed + 2) segments, in order
+    per_row = seq_len // (2 * fixed + 2)
+    batches = (data.pack(examples(BATCH * per_row, 1000 + i, alphabet, fixed), BATCH,
+                         seq_len, seed=i).__next__() for i in range(steps))
   held = {k: jnp.asarray(v) for k, v in next(data.pack(
       examples(200, 1, alphabet, fixed), BATCH, seq_len, seed=1)).items()}
+  torch_step = _torch_trainer(state.params, cfg, opt_cfg) if vs_torch else None
 
   @jax.jit
   def repeat_top1(params, b):
@@ -100,22 +122,64 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
 
   curve, t0 = [], time.time()
   for step in range(steps):
-    state, metrics = trainer.step(state, next(batches))
+    batch = next(batches)
+    state, metrics = trainer.step(state, batch)
+    theirs = torch_step(batch, step, 2 * fixed + 2) if torch_step else None
     if (step + 1) % every == 0 or step + 1 == steps:
       row = {"step": step + 1, "loss": float(metrics["loss"]),
              "repeat_top1": float(repeat_top1(state.params, held)),
              "seconds": round(time.time() - t0, 1)}
+      vs = ""
+      if theirs is not None:
+        row["torch_loss"] = theirs
+        vs = f" (PyTorch {theirs:.4f}, ours {row['loss']:.4f})"
       curve.append(row)
-      log(f"{size} {offset} step {row['step']}/{steps}: loss {row['loss']:.3f}, repeat "
+      log(f"{size} {offset} step {row['step']}/{steps}: loss {row['loss']:.3f}{vs}, repeat "
           f"arg-max accuracy {row['repeat_top1']:.3f} ({row['seconds']:.0f} s)")
   return curve
+
+
+def _torch_trainer(params, cfg, opt_cfg):
+  """``step(batch, i, segment_len) -> loss``: the same model and AdamW in PyTorch."""
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  import torch  # pylint: disable=g-import-not-at-top
+  import transformers  # pylint: disable=g-import-not-at-top
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  from spade_jax.rl import optimizer as opt_lib  # pylint: disable=g-import-not-at-top
+  d = tempfile.mkdtemp(prefix="copy_check.")
+  models.save_hf(d, jax.device_get(params), cfg)
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      d, torch_dtype=torch.float32, attn_implementation="eager")
+  model.train()
+  named = list(model.named_parameters())
+  opt = torch.optim.AdamW(  # decay off the norm scales, as `optimizer.decay_mask`
+      [{"params": [p for n, p in named if "norm" not in n], "weight_decay": opt_cfg.weight_decay},
+       {"params": [p for n, p in named if "norm" in n], "weight_decay": 0.0}],
+      lr=opt_cfg.learning_rate, betas=(opt_cfg.b1, opt_cfg.b2), eps=opt_cfg.eps)
+  schedule = opt_lib.SCHEDULES[opt_cfg.schedule](opt_cfg)
+
+  def step(batch, i, segment_len):
+    for group in opt.param_groups:
+      group["lr"] = float(schedule(i))
+    x = torch.from_numpy(batch["tokens"].reshape(-1, segment_len)).long()
+    mask = torch.from_numpy(batch["loss_mask"].reshape(-1, segment_len)[:, 1:]).float()
+    logp = torch.log_softmax(model(input_ids=x).logits.float()[:, :-1], -1)
+    loss = -(logp.gather(-1, x[:, 1:, None])[..., 0] * mask).sum() / mask.sum()
+    opt.zero_grad()
+    loss.backward()
+    if opt_cfg.grad_clip:
+      torch.nn.utils.clip_grad_norm_(model.parameters(), opt_cfg.grad_clip)
+    opt.step()
+    return float(loss.detach())
+  return step
 
 
 def main(argv):
   del argv
   kw = dict(size=_SIZE.value, offset=_OFFSET.value, steps=_STEPS.value,
             alphabet=_ALPHABET.value, learning_rate=_LR.value, seq_len=_SEQ.value,
-            fixed_len=_FIXED.value, every=_EVERY.value)
+            fixed_len=_FIXED.value, every=_EVERY.value, vs_torch=_VS_TORCH.value)
   curve = run(**kw)
   if _JSON.value:
     os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)

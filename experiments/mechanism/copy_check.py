@@ -32,19 +32,6 @@ import time
 
 from absl import app, flags
 
-_SIZE = flags.DEFINE_enum("size", "smoke", ["smoke", "full"], "Model shape.")
-_OFFSET = flags.DEFINE_enum("offset", "variable", ["variable", "fixed"],
-                            "Sequence lengths: 16-120 ids, or all --fixed_len.")
-_STEPS = flags.DEFINE_integer("steps", 400, "Optimizer steps (8 rows each).")
-_ALPHABET = flags.DEFINE_integer("alphabet", 54, "Distinct ids a sequence draws from.")
-_LR = flags.DEFINE_float("learning_rate", 3e-3, "Peak learning rate.")
-_SEQ = flags.DEFINE_integer("seq_len", 512, "Tokens per packed row.")
-_FIXED = flags.DEFINE_integer("fixed_len", 127, "Sequence length with --offset=fixed.")
-_VS_TORCH = flags.DEFINE_bool("vs_torch", False, "Also train the same model in PyTorch on the "
-                               "same rows and print both losses (--offset=fixed).")
-_EVERY = flags.DEFINE_integer("every", 25, "Steps between evaluations.")
-_JSON = flags.DEFINE_string("json", "", "Also write the curve to this JSON file.")
-
 SEP, END, FIRST_ID = 2, 1, 10
 MIN_LEN, MAX_LEN = 16, 120
 BATCH = 8
@@ -175,17 +162,36 @@ def _torch_trainer(params, cfg, opt_cfg):
   return step
 
 
+def _define_flags() -> None:
+  """Flags exist only when this file runs as a command (other mechanism commands share
+  names such as ``--json``)."""
+  flags.DEFINE_enum("size", "smoke", ["smoke", "full"], "Model shape.")
+  flags.DEFINE_enum("offset", "variable", ["variable", "fixed"],
+                    "Sequence lengths: 16-120 ids, or all --fixed_len.")
+  flags.DEFINE_integer("steps", 400, "Optimizer steps (8 rows each).")
+  flags.DEFINE_integer("alphabet", 54, "Distinct ids a sequence draws from.")
+  flags.DEFINE_float("learning_rate", 3e-3, "Peak learning rate.")
+  flags.DEFINE_integer("seq_len", 512, "Tokens per packed row.")
+  flags.DEFINE_integer("fixed_len", 127, "Sequence length with --offset=fixed.")
+  flags.DEFINE_bool("vs_torch", False, "Also train the same model in PyTorch on the same "
+                    "rows and print both losses (--offset=fixed).")
+  flags.DEFINE_integer("every", 25, "Steps between evaluations.")
+  flags.DEFINE_string("json", "", "Also write the curve to this JSON file.")
+
+
 def main(argv):
   del argv
-  kw = dict(size=_SIZE.value, offset=_OFFSET.value, steps=_STEPS.value,
-            alphabet=_ALPHABET.value, learning_rate=_LR.value, seq_len=_SEQ.value,
-            fixed_len=_FIXED.value, every=_EVERY.value, vs_torch=_VS_TORCH.value)
+  f = flags.FLAGS
+  kw = dict(size=f.size, offset=f.offset, steps=f.steps, alphabet=f.alphabet,
+            learning_rate=f.learning_rate, seq_len=f.seq_len, fixed_len=f.fixed_len,
+            every=f.every, vs_torch=f.vs_torch)
   curve = run(**kw)
-  if _JSON.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
-    with open(_JSON.value, "w") as f:
-      json.dump({"settings": kw, "curve": curve}, f, indent=1)
+  if f.json:
+    os.makedirs(os.path.dirname(os.path.abspath(f.json)), exist_ok=True)
+    with open(f.json, "w") as out:
+      json.dump({"settings": kw, "curve": curve}, out, indent=1)
 
 
 if __name__ == "__main__":
+  _define_flags()
   app.run(main)

@@ -91,10 +91,10 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
   if fixed is None:
     batches = data.pack(examples(max(1000, steps * BATCH * 4), 0, alphabet, None),
                         BATCH, seq_len, seed=0)
-  else:  # whole rows of seq_len // (2 * fixed + 2) segments, in order
+  else:  # fresh rows of seq_len // (2 * fixed + 2) whole segments each step
     per_row = seq_len // (2 * fixed + 2)
-    batches = (data.pack(examples(BATCH * per_row, 1000 + i, alphabet, fixed), BATCH,
-                         seq_len, seed=i).__next__() for i in range(steps))
+    batches = (next(data.pack(examples(BATCH * per_row, 1000 + i, alphabet, fixed), BATCH,
+                              seq_len, seed=i)) for i in range(steps))
   held = {k: jnp.asarray(v) for k, v in next(data.pack(
       examples(200, 1, alphabet, fixed), BATCH, seq_len, seed=1)).items()}
   torch_step = _torch_trainer(state.params, cfg, opt_cfg) if vs_torch else None
@@ -128,6 +128,7 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
 
 def _torch_trainer(params, cfg, opt_cfg):
   """``step(batch, i, segment_len) -> loss``: the same model and AdamW in PyTorch."""
+  import shutil  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   import torch  # pylint: disable=g-import-not-at-top
@@ -138,6 +139,7 @@ def _torch_trainer(params, cfg, opt_cfg):
   models.save_hf(d, jax.device_get(params), cfg)
   model = transformers.AutoModelForCausalLM.from_pretrained(
       d, torch_dtype=torch.float32, attn_implementation="eager")
+  shutil.rmtree(d)
   model.train()
   named = list(model.named_parameters())
   opt = torch.optim.AdamW(  # decay off the norm scales, as `optimizer.decay_mask`

@@ -124,7 +124,7 @@ def test_copy_rows_train_only_the_repeat():
     assert again.replace(" ", "").isdigit() == (i % 2 == 0)
 
 
-def test_copy_check_rows_and_a_short_run():
+def test_copy_check_rows_and_a_short_run(tmp_path):
   from experiments.mechanism import copy_check  # pylint: disable=g-import-not-at-top
   fixed = copy_check.examples(5, 0, alphabet=20, fixed_len=30)
   free = copy_check.examples(40, 0, alphabet=20, fixed_len=None)
@@ -135,10 +135,16 @@ def test_copy_check_rows_and_a_short_run():
     assert all(copy_check.FIRST_ID <= t < copy_check.FIRST_ID + 20 for t in r.tokens[:k])
   assert {len(r.tokens) for r in fixed} == {62}
   assert len({len(r.tokens) for r in free}) > 10  # no fixed distance to copy from
+  short = copy_check.examples(30, 0, alphabet=20, fixed_len=None, lengths=(3, 5))
+  assert {r.tokens.index(copy_check.SEP) for r in short} == {3, 4, 5}
   curve = copy_check.run(size="smoke", offset="variable", steps=4, alphabet=20,
                          learning_rate=3e-3, seq_len=256, fixed_len=0, every=2,
+                         qk_scale=2.0, lengths=(8, 40), save=str(tmp_path / "w"),
                          log=lambda _: None)
   assert [c["step"] for c in curve] == [2, 4]
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  _, saved = models.load_hf(str(tmp_path / "w"))  # what warm_start --init_from reads
+  assert (saved.num_layers, saved.d_model, saved.vocab_size) == (2, 64, 30)
   assert all(0.0 <= c["repeat_top1"] <= 1.0 and math.isfinite(c["loss"]) for c in curve)
   pytest.importorskip("transformers")
   curve = copy_check.run(size="smoke", offset="fixed", steps=3, alphabet=20,
@@ -155,6 +161,12 @@ def test_copy_check_rows_and_a_short_run():
   with pytest.raises(ValueError, match="pass --offset=fixed"):
     copy_check.run(size="smoke", offset="variable", steps=1, alphabet=20,
                    learning_rate=1e-3, seq_len=256, fixed_len=30, every=1, vs_torch=True)
+  with pytest.raises(ValueError, match="1 <= min_len <= max_len"):
+    copy_check.run(size="smoke", offset="variable", steps=1, alphabet=20,
+                   learning_rate=1e-3, seq_len=256, fixed_len=30, every=1, lengths=(9, 8))
+  with pytest.raises(ValueError, match="must be positive"):
+    copy_check.run(size="smoke", offset="variable", steps=1, alphabet=20,
+                   learning_rate=1e-3, seq_len=256, fixed_len=30, every=1, qk_scale=0.0)
 
 
 def test_pack_keeps_every_token_in_its_own_segment():

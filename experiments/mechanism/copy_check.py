@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 
 from absl import app, flags
@@ -37,14 +39,16 @@ MIN_LEN, MAX_LEN = 16, 120
 BATCH = 8
 
 
-def examples(n: int, seed: int, alphabet: int, fixed_len: int | None):
-  """``n`` copy rows as warm-start ``Example``s (the repeat and its end id trained)."""
+def examples(n: int, seed: int, alphabet: int, fixed_len: int | None,
+             lengths: tuple[int, int] = (MIN_LEN, MAX_LEN)):
+  """``n`` copy rows as warm-start ``Example``s (the repeat and its end id trained); a
+  sequence has ``fixed_len`` ids, or a number in ``lengths`` (inclusive)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   out = []
   for _ in range(n):
-    k = fixed_len or int(rng.integers(MIN_LEN, MAX_LEN + 1))
+    k = fixed_len or int(rng.integers(lengths[0], lengths[1] + 1))
     seq = [int(i) for i in rng.integers(FIRST_ID, FIRST_ID + alphabet, k)]
     out.append(data.Example(seq + [SEP] + seq + [END], [False] * (k + 1) + [True] * (k + 1),
                             data.AGENT, {"family": "copy"}))
@@ -53,9 +57,15 @@ def examples(n: int, seed: int, alphabet: int, fixed_len: int | None):
 
 def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: float,
         seq_len: int, fixed_len: int, every: int, vs_torch: bool = False,
+        qk_scale: float = 1.0, save: str = "", lengths: tuple[int, int] = (MIN_LEN, MAX_LEN),
         log=print) -> list[dict]:
   """Trains and returns the curve: ``{"step", "loss", "repeat_top1", "seconds"}`` rows
-  (and ``"torch_loss"``, the PyTorch model's loss on the same batch, with ``vs_torch``)."""
+  (and ``"torch_loss"``, the PyTorch model's loss on the same batch, with ``vs_torch``).
+
+  ``lengths``: the shortest and longest sequence with ``offset="variable"``.
+  ``save``: a directory that receives the trained weights as an HF checkpoint (what
+  ``warm_start --init_from`` reads), written once training ends.
+  """
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   from spade_jax import models, parallel  # pylint: disable=g-import-not-at-top
@@ -72,8 +82,16 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
                      f"--seq_len (now {seq_len}) a multiple of it.")
   if vs_torch and fixed is None:
     raise ValueError("--vs_torch compares equal-length rows: pass --offset=fixed.")
-  if offset == "variable" and 2 * MAX_LEN + 2 > seq_len:
-    raise ValueError(f"--offset=variable needs --seq_len >= {2 * MAX_LEN + 2}.")
+  if not qk_scale > 0:
+    raise ValueError(f"--qk_scale={qk_scale}: the norm scale must be positive.")
+  if vs_torch and qk_scale != 1.0:
+    raise ValueError("--vs_torch starts both models from the same weights: leave --qk_scale=1.")
+  if offset == "variable" and not 1 <= lengths[0] <= lengths[1]:
+    raise ValueError(f"--min_len={lengths[0]} and --max_len={lengths[1]}: need "
+                     "1 <= min_len <= max_len.")
+  if offset == "variable" and 2 * lengths[1] + 2 > seq_len:
+    raise ValueError(f"--offset=variable with --max_len={lengths[1]} needs --seq_len >= "
+                     f"{2 * lengths[1] + 2}.")
   shape = common.SMOKE_MODEL if size == "smoke" else common.MODEL
   vocab = FIRST_ID + alphabet if size == "smoke" else shape["vocab_size"]
   if FIRST_ID + alphabet > vocab:
@@ -88,15 +106,21 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
                     parallel.make_mesh(mesh_cfg, jax.devices()),
                     parallel.RULE_SETS[mesh_cfg.rules])
   state = trainer.init_state(jax.random.key(0))
+  if qk_scale != 1.0:
+    layers = dict(state.params["layers"])
+    for name in ("q_norm", "k_norm"):
+      layers[name] = layers[name] * qk_scale
+    state = trainer.state_from_params(dict(state.params, layers=layers))
   if fixed is None:
-    batches = data.pack(examples(max(1000, steps * BATCH * 4), 0, alphabet, None),
-                        BATCH, seq_len, seed=0)
+    per_row = max(4, seq_len // (sum(lengths) + 2))  # ~one pass over the examples
+    batches = data.pack(examples(max(1000, steps * BATCH * per_row), 0, alphabet, None,
+                                 lengths), BATCH, seq_len, seed=0)
   else:  # fresh rows of seq_len // (2 * fixed + 2) whole segments each step
     per_row = seq_len // (2 * fixed + 2)
     batches = (next(data.pack(examples(BATCH * per_row, 1000 + i, alphabet, fixed), BATCH,
                               seq_len, seed=i)) for i in range(steps))
   held = {k: jnp.asarray(v) for k, v in next(data.pack(
-      examples(200, 1, alphabet, fixed), BATCH, seq_len, seed=1)).items()}
+      examples(200, 1, alphabet, fixed, lengths), BATCH, seq_len, seed=1)).items()}
   torch_step = _torch_trainer(state.params, cfg, opt_cfg) if vs_torch else None
 
   @jax.jit
@@ -123,6 +147,15 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
       curve.append(row)
       log(f"{size} {offset} step {row['step']}/{steps}: loss {row['loss']:.3f}{vs}, repeat "
           f"arg-max accuracy {row['repeat_top1']:.3f} ({row['seconds']:.0f} s)")
+  if save:
+    parent = os.path.dirname(os.path.abspath(save))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".copy_check.", dir=parent)
+    models.save_hf(tmp, jax.device_get(state.params), cfg)
+    if os.path.isdir(save):
+      shutil.rmtree(save)
+    os.rename(tmp, save)
+    log(f"wrote the trained weights to {save}")
   return curve
 
 
@@ -174,11 +207,18 @@ def _define_flags() -> None:
   flags.DEFINE_integer("alphabet", 54, "Distinct ids a sequence draws from.")
   flags.DEFINE_float("learning_rate", 3e-3, "Peak learning rate.")
   flags.DEFINE_integer("seq_len", 512, "Tokens per packed row.")
+  flags.DEFINE_integer("min_len", MIN_LEN, "Shortest sequence with --offset=variable.")
+  flags.DEFINE_integer("max_len", MAX_LEN, "Longest sequence with --offset=variable.")
   flags.DEFINE_integer("fixed_len", 127, "Sequence length with --offset=fixed.")
   flags.DEFINE_bool("vs_torch", False, "Also train the same model in PyTorch on the same "
                     "rows and print both losses (--offset=fixed).")
+  flags.DEFINE_float("qk_scale", 1.0, "Initial scale of the query and key RMSNorms (1 as "
+                    "Qwen3 initialises them; the largest attention logit is qk_scale**2 * "
+                    "sqrt(head_dim)).")
   flags.DEFINE_integer("every", 25, "Steps between evaluations.")
   flags.DEFINE_string("json", "", "Also write the curve to this JSON file.")
+  flags.DEFINE_string("save", "", "Write the trained weights here as an HF checkpoint (a "
+                      "starting point for `warm_start --init_from`).")
 
 
 def main(argv):
@@ -186,7 +226,8 @@ def main(argv):
   f = flags.FLAGS
   kw = dict(size=f.size, offset=f.offset, steps=f.steps, alphabet=f.alphabet,
             learning_rate=f.learning_rate, seq_len=f.seq_len, fixed_len=f.fixed_len,
-            every=f.every, vs_torch=f.vs_torch)
+            every=f.every, vs_torch=f.vs_torch, qk_scale=f.qk_scale)
+  kw.update(save=f.save, lengths=(f.min_len, f.max_len))
   curve = run(**kw)
   if f.json:
     os.makedirs(os.path.dirname(os.path.abspath(f.json)), exist_ok=True)

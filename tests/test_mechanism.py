@@ -257,6 +257,12 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   assert rec["levels"] == levels and rec["data"]["designer_rows"] == 4
   assert rec["data"]["worked"] is True  # the smoke build writes worked steps
   assert [s for s, _ in rec["loss"]] == [3]  # logged every 10 steps and at the last
+  # Stage 0 (copy rows) ran first and its weights started the supervised training.
+  assert os.path.isfile(os.path.join(ws, "induction", "config.json"))
+  assert [r["step"] for r in rec["induction"]] == [2]
+  with pytest.raises(ValueError, match="drop --init_from"):
+    warm_start.build(str(tmp_path / "both"), smoke=True, **dict(
+        warm_start.DEFAULTS, **warm_start.SMOKE_BUILD, init_from=os.path.join(ws, "hf")))
   from experiments.mechanism import diagnose
   diag = diagnose.diagnose(ws, rows_per_family=2)
   assert diag and all(r["turns"] > 0 for r in diag.values())

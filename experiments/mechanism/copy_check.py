@@ -58,10 +58,12 @@ def examples(n: int, seed: int, alphabet: int, fixed_len: int | None,
 def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: float,
         seq_len: int, fixed_len: int, every: int, vs_torch: bool = False,
         qk_scale: float = 1.0, save: str = "", lengths: tuple[int, int] = (MIN_LEN, MAX_LEN),
-        log=print) -> list[dict]:
+        vocab_size: int | None = None, log=print) -> list[dict]:
   """Trains and returns the curve: ``{"step", "loss", "repeat_top1", "seconds"}`` rows
   (and ``"torch_loss"``, the PyTorch model's loss on the same batch, with ``vs_torch``).
 
+  ``vocab_size``: the model's vocabulary (default: ``alphabet + 10`` for ``smoke``, the
+  experiment's 6,144 for ``full``).
   ``lengths``: the shortest and longest sequence with ``offset="variable"``.
   ``save``: a directory that receives the trained weights as an HF checkpoint (what
   ``warm_start --init_from`` reads), written once training ends.
@@ -93,7 +95,7 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
     raise ValueError(f"--offset=variable with --max_len={lengths[1]} needs --seq_len >= "
                      f"{2 * lengths[1] + 2}.")
   shape = common.SMOKE_MODEL if size == "smoke" else common.MODEL
-  vocab = FIRST_ID + alphabet if size == "smoke" else shape["vocab_size"]
+  vocab = vocab_size or (FIRST_ID + alphabet if size == "smoke" else shape["vocab_size"])
   if FIRST_ID + alphabet > vocab:
     raise ValueError(f"--alphabet={alphabet} does not fit the {vocab}-id vocabulary.")
   cfg = models.ModelConfig(**dict(shape, vocab_size=vocab))

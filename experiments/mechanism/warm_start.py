@@ -19,6 +19,11 @@ One command, cached under ``$SPADE_JAX_CACHE/mechanism/warm_start[_smoke]/``:
    agent's win rate on medium-difficulty episodes of the seen families, and the designer's
    valid-program rate.
 
+With ``--induction_steps=N`` a stage 0 comes first: ``induction/``, the same model trained N
+steps on short copy rows of random ids (``copy_check.py``: 4-24 ids of 1,000, only the repeat
+trained, peak ``--induction_lr``), where an in-context copying circuit forms in a few hundred
+steps; stage 3 then starts from those weights (as ``--init_from`` would).
+
 Each stage is skipped when its output exists (``--force`` rebuilds from the data on).
 """
 
@@ -181,6 +186,28 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
   return state.params
 
 
+INDUCTION = dict(alphabet=1000, lengths=(4, 24), seq_len=512)
+
+
+def induction(out: str, *, smoke: bool, steps: int, learning_rate: float,
+              vocab_size: int) -> str:
+  """Stage 0: ``out/induction`` (HF weights) from ``steps`` steps of short copy rows; the
+  accuracy curve goes to ``out/induction_curve.json``. Returns the weights' directory."""
+  from experiments.mechanism import copy_check  # pylint: disable=g-import-not-at-top
+  path = os.path.join(out, "induction")
+  if os.path.isfile(os.path.join(path, "config.json")):
+    return path
+  _log(f"stage 0: {steps} steps of copy rows (in-context copying)")
+  curve = copy_check.run(size="smoke" if smoke else "full", offset="variable", steps=steps,
+                         alphabet=INDUCTION["alphabet"], learning_rate=learning_rate,
+                         seq_len=INDUCTION["seq_len"], fixed_len=0,
+                         every=max(1, min(25, steps)), lengths=INDUCTION["lengths"],
+                         vocab_size=vocab_size, save=path, log=_log)
+  with open(os.path.join(out, "induction_curve.json"), "w") as f:
+    json.dump(curve, f, indent=1)
+  return path
+
+
 def export(out: str, params, model_cfg, tokenizer_dir: str) -> str:
   """Writes ``out/hf`` (weights + tokenizer) atomically."""
   from spade_jax import models  # pylint: disable=g-import-not-at-top
@@ -198,7 +225,8 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
           learning_rate: float, designer_rows: int, agent_rows: int, checkpoint_every: int,
           measure_episodes: int, measure_designs: int, num_microbatches: int = 1,
           remat: str = "full", worked: bool = False, copy_rows: int = 0,
-          init_from: str = "", force: bool = False) -> dict:
+          init_from: str = "", induction_steps: int = 0, induction_lr: float = 3e-3,
+          force: bool = False) -> dict:
   """Runs every stage not yet done; returns the measured levels."""
   from spade_jax import models  # pylint: disable=g-import-not-at-top
   from spade_jax.models import ChatTemplate  # pylint: disable=g-import-not-at-top
@@ -207,9 +235,13 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   if common.max_family_turns() > common.MAX_TURNS:
     raise ValueError(f"a family allows {common.max_family_turns()} turns, more than the "
                      f"experiment's MAX_TURNS={common.MAX_TURNS}; raise MAX_TURNS.")
+  if induction_steps and init_from:
+    raise ValueError("--induction_steps trains the starting weights itself; drop "
+                     "--init_from (or --induction_steps).")
   os.makedirs(out, exist_ok=True)
   if force:
-    for name in ("data.pkl", "train", "hf", "levels.json", "train_log.jsonl"):
+    for name in ("data.pkl", "train", "hf", "levels.json", "train_log.jsonl", "induction",
+                 "induction_curve.json"):
       p = os.path.join(out, name)
       if os.path.isdir(p):
         shutil.rmtree(p)
@@ -224,6 +256,9 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   if not os.path.isfile(os.path.join(hf, "config.json")):
     rows = build_data(out, chat, designer_rows=designer_rows, agent_rows=agent_rows,
                       worked=worked, copy_rows=copy_rows)
+    if induction_steps:
+      init_from = induction(out, smoke=smoke, steps=induction_steps,
+                            learning_rate=induction_lr, vocab_size=shape["vocab_size"])
     params = train(out, model_cfg, rows, steps=steps, batch_size=batch_size, seq_len=seq_len,
                    learning_rate=learning_rate, checkpoint_every=checkpoint_every,
                    micro=num_microbatches, remat=remat, init_from=init_from)
@@ -251,7 +286,8 @@ def main(argv):
             agent_rows=_AGENT.value, checkpoint_every=_CKPT.value,
             measure_episodes=_MEASURE.value, measure_designs=_MEASURE_DESIGNS.value,
             num_microbatches=_MICRO.value, remat=_REMAT.value, worked=_WORKED.value,
-            copy_rows=_COPY.value, init_from=_INIT.value)
+            copy_rows=_COPY.value, init_from=_INIT.value,
+            induction_steps=_INDUCTION.value, induction_lr=_INDUCTION_LR.value)
   if smoke:
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
@@ -270,6 +306,7 @@ def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
   log = os.path.join(out, "train_log.jsonl")
   curve = ([json.loads(l) for l in open(log) if l.strip()] if os.path.isfile(log) else [])
   record = {"build": build_kw, "data": read("data_stats.json"),
+            "induction": read("induction_curve.json"),
             "loss": [[r["step"], r.get("loss")] for r in curve], "levels": levels}
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "w") as f:
@@ -280,15 +317,16 @@ def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
 # What `python -m experiments.mechanism.warm_start` builds (the flags' defaults).
 DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
-                num_microbatches=4, remat="none", worked=False, copy_rows=0, init_from="")
+                num_microbatches=4, remat="none", worked=False, copy_rows=0, init_from="",
+                induction_steps=0, induction_lr=3e-3)
 SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
                    agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2,
-                   worked=True)
+                   worked=True, induction_steps=2)
 
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _INDUCTION, _INDUCTION_LR, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
@@ -308,6 +346,10 @@ def _define_flags() -> None:
   _INIT = flags.DEFINE_string("init_from", "", "An HF directory (e.g. another build's hf/) "
                               "whose weights start this build, with a fresh optimizer and "
                               "schedule; ignored once the build has a checkpoint.")
+  _INDUCTION = flags.DEFINE_integer(
+      "induction_steps", 0, "Stage 0: steps of short copy rows of random ids before the "
+      "supervised rows, from which training starts (an in-context copying circuit).")
+  _INDUCTION_LR = flags.DEFINE_float("induction_lr", 3e-3, "Peak learning rate of stage 0.")
   _CKPT = flags.DEFINE_integer("checkpoint_every", 10, "Steps between checkpoints.")
   _MEASURE = flags.DEFINE_integer("measure_episodes", 8,
                                   "Medium-level episodes per seen family when measuring.")

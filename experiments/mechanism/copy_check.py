@@ -228,8 +228,8 @@ def main(argv):
   f = flags.FLAGS
   kw = dict(size=f.size, offset=f.offset, steps=f.steps, alphabet=f.alphabet,
             learning_rate=f.learning_rate, seq_len=f.seq_len, fixed_len=f.fixed_len,
-            every=f.every, vs_torch=f.vs_torch, qk_scale=f.qk_scale)
-  kw.update(save=f.save, lengths=(f.min_len, f.max_len))
+            every=f.every, vs_torch=f.vs_torch, qk_scale=f.qk_scale, save=f.save,
+            lengths=(f.min_len, f.max_len))
   curve = run(**kw)
   if f.json:
     os.makedirs(os.path.dirname(os.path.abspath(f.json)), exist_ok=True)

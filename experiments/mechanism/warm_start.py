@@ -21,8 +21,9 @@ One command, cached under ``$SPADE_JAX_CACHE/mechanism/warm_start[_smoke]/``:
 
 With ``--induction_steps=N`` a stage 0 comes first: ``induction/``, the same model trained N
 steps on short copy rows of random ids (``copy_check.py``: 4-24 ids of 1,000, only the repeat
-trained, peak ``--induction_lr``), where an in-context copying circuit forms in a few hundred
-steps; stage 3 then starts from those weights (as ``--init_from`` would).
+trained, peak ``--induction_lr``), on which the 2-layer smoke model forms an in-context
+copying circuit in ~200 steps (the experiment's 8-layer model had not after 600: see the
+mechanism README); stage 3 then starts from those weights (as ``--init_from`` would).
 
 Each stage is skipped when its output exists (``--force`` rebuilds from the data on).
 """

@@ -140,11 +140,11 @@ def test_copy_check_rows_and_a_short_run(tmp_path):
   curve = copy_check.run(size="smoke", offset="variable", steps=4, alphabet=20,
                          learning_rate=3e-3, seq_len=256, fixed_len=0, every=2,
                          qk_scale=2.0, lengths=(8, 40), save=str(tmp_path / "w"),
-                         log=lambda _: None)
+                         num_layers=1, log=lambda _: None)
   assert [c["step"] for c in curve] == [2, 4]
   from spade_jax import models  # pylint: disable=g-import-not-at-top
   _, saved = models.load_hf(str(tmp_path / "w"))  # what warm_start --init_from reads
-  assert (saved.num_layers, saved.d_model, saved.vocab_size) == (2, 64, 30)
+  assert (saved.num_layers, saved.d_model, saved.vocab_size) == (1, 64, 30)
   assert all(0.0 <= c["repeat_top1"] <= 1.0 and math.isfinite(c["loss"]) for c in curve)
   pytest.importorskip("transformers")
   curve = copy_check.run(size="smoke", offset="fixed", steps=3, alphabet=20,
@@ -164,6 +164,9 @@ def test_copy_check_rows_and_a_short_run(tmp_path):
   with pytest.raises(ValueError, match="1 <= min_len <= max_len"):
     copy_check.run(size="smoke", offset="variable", steps=1, alphabet=20,
                    learning_rate=1e-3, seq_len=256, fixed_len=30, every=1, lengths=(9, 8))
+  with pytest.raises(ValueError, match="at least one layer"):
+    copy_check.run(size="smoke", offset="variable", steps=1, alphabet=20,
+                   learning_rate=1e-3, seq_len=256, fixed_len=30, every=1, num_layers=-1)
   with pytest.raises(ValueError, match="must be positive"):
     copy_check.run(size="smoke", offset="variable", steps=1, alphabet=20,
                    learning_rate=1e-3, seq_len=256, fixed_len=30, every=1, qk_scale=0.0)

@@ -58,12 +58,14 @@ def examples(n: int, seed: int, alphabet: int, fixed_len: int | None,
 def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: float,
         seq_len: int, fixed_len: int, every: int, vs_torch: bool = False,
         qk_scale: float = 1.0, save: str = "", lengths: tuple[int, int] = (MIN_LEN, MAX_LEN),
-        vocab_size: int | None = None, log=print) -> list[dict]:
+        vocab_size: int | None = None, num_layers: int | None = None,
+        log=print) -> list[dict]:
   """Trains and returns the curve: ``{"step", "loss", "repeat_top1", "seconds"}`` rows
   (and ``"torch_loss"``, the PyTorch model's loss on the same batch, with ``vs_torch``).
 
   ``vocab_size``: the model's vocabulary (default: ``alphabet + 10`` for ``smoke``, the
   experiment's 6,144 for ``full``).
+  ``num_layers``: the model's depth (default: the shape's).
   ``lengths``: the shortest and longest sequence with ``offset="variable"``.
   ``save``: a directory that receives the trained weights as an HF checkpoint (what
   ``warm_start --init_from`` reads), written once training ends.
@@ -98,7 +100,10 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
   vocab = vocab_size or (FIRST_ID + alphabet if size == "smoke" else shape["vocab_size"])
   if FIRST_ID + alphabet > vocab:
     raise ValueError(f"--alphabet={alphabet} does not fit the {vocab}-id vocabulary.")
-  cfg = models.ModelConfig(**dict(shape, vocab_size=vocab))
+  if num_layers is not None and num_layers < 1:
+    raise ValueError(f"--num_layers={num_layers}: need at least one layer.")
+  cfg = models.ModelConfig(**dict(shape, vocab_size=vocab,
+                                  num_layers=num_layers or shape["num_layers"]))
   mesh_cfg = parallel.MeshConfig()
   opt_cfg = OptimizerConfig(learning_rate=learning_rate, schedule="cosine",
                             warmup_steps=min(20, steps // 10), total_steps=steps,
@@ -209,6 +214,7 @@ def _define_flags() -> None:
   flags.DEFINE_integer("alphabet", 54, "Distinct ids a sequence draws from.")
   flags.DEFINE_float("learning_rate", 3e-3, "Peak learning rate.")
   flags.DEFINE_integer("seq_len", 512, "Tokens per packed row.")
+  flags.DEFINE_integer("num_layers", 0, "Layers of the model (0: the --size shape's).")
   flags.DEFINE_integer("min_len", MIN_LEN, "Shortest sequence with --offset=variable.")
   flags.DEFINE_integer("max_len", MAX_LEN, "Longest sequence with --offset=variable.")
   flags.DEFINE_integer("fixed_len", 127, "Sequence length with --offset=fixed.")
@@ -229,7 +235,7 @@ def main(argv):
   kw = dict(size=f.size, offset=f.offset, steps=f.steps, alphabet=f.alphabet,
             learning_rate=f.learning_rate, seq_len=f.seq_len, fixed_len=f.fixed_len,
             every=f.every, vs_torch=f.vs_torch, qk_scale=f.qk_scale, save=f.save,
-            lengths=(f.min_len, f.max_len))
+            lengths=(f.min_len, f.max_len), num_layers=f.num_layers or None)
   curve = run(**kw)
   if f.json:
     os.makedirs(os.path.dirname(os.path.abspath(f.json)), exist_ok=True)

@@ -49,6 +49,25 @@ def cache_dir() -> str:
   return os.path.join(root, "mechanism")
 
 
+def write_hf(path: str, params, cfg, tokenizer_dir: str = "") -> str:
+  """Writes ``params`` as an HF checkpoint in ``path`` (with the tokenizer's files when
+  given), atomically: a sibling temporary directory replaces ``path`` once complete."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  parent = os.path.dirname(os.path.abspath(path))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".hf.", dir=parent)
+  models.save_hf(tmp, jax.device_get(params), cfg)
+  if tokenizer_dir:
+    models.copy_tokenizer_files(tokenizer_dir, tmp)
+  if os.path.isdir(path):
+    shutil.rmtree(path)
+  os.rename(tmp, path)
+  return path
+
+
 def warm_start_dir(smoke: bool = False) -> str:
   """The warm-start build directory (``hf/`` holds the checkpoint runs start from)."""
   return os.path.join(cache_dir(), "warm_start_smoke" if smoke else "warm_start")
@@ -56,4 +75,4 @@ def warm_start_dir(smoke: bool = False) -> str:
 
 __all__ = ["AGENT_TURN_TOKENS", "ARMS", "DESIGNER_PROMPT_TOKENS", "HELD_OUT", "MAX_TURNS",
            "MODEL", "NUM_EXEMPLARS", "RESULTS", "RUNS", "SEEDS", "SETTING", "SMOKE_MODEL", "VOCAB_SIZE",
-           "cache_dir", "max_family_turns", "seen", "skills", "warm_start_dir"]
+           "cache_dir", "max_family_turns", "seen", "skills", "warm_start_dir", "write_hf"]

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 
 from absl import app, flags
@@ -155,13 +153,7 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
       log(f"{size} {offset} step {row['step']}/{steps}: loss {row['loss']:.3f}{vs}, repeat "
           f"arg-max accuracy {row['repeat_top1']:.3f} ({row['seconds']:.0f} s)")
   if save:
-    parent = os.path.dirname(os.path.abspath(save))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".copy_check.", dir=parent)
-    models.save_hf(tmp, jax.device_get(state.params), cfg)
-    if os.path.isdir(save):
-      shutil.rmtree(save)
-    os.rename(tmp, save)
+    common.write_hf(save, state.params, cfg)
     log(f"wrote the trained weights to {save}")
   return curve
 

@@ -211,15 +211,8 @@ def induction(out: str, *, smoke: bool, steps: int, learning_rate: float,
 
 def export(out: str, params, model_cfg, tokenizer_dir: str) -> str:
   """Writes ``out/hf`` (weights + tokenizer) atomically."""
-  from spade_jax import models  # pylint: disable=g-import-not-at-top
-  path = os.path.join(out, "hf")
-  tmp = tempfile.mkdtemp(prefix=".hf.", dir=out)
-  models.save_hf(tmp, params, model_cfg)
-  models.copy_tokenizer_files(tokenizer_dir, tmp)
-  if os.path.isdir(path):
-    shutil.rmtree(path)
-  os.rename(tmp, path)
-  return path
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  return common.write_hf(os.path.join(out, "hf"), params, model_cfg, tokenizer_dir)
 
 
 def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,

@@ -140,11 +140,19 @@ def test_copy_check_rows_and_a_short_run(tmp_path):
   curve = copy_check.run(size="smoke", offset="variable", steps=4, alphabet=20,
                          learning_rate=3e-3, seq_len=256, fixed_len=0, every=2,
                          qk_scale=2.0, lengths=(8, 40), save=str(tmp_path / "w"),
-                         num_layers=1, log=lambda _: None)
+                         num_layers=1, shape=copy_check.parse_shape("d_model=48, mlp_dim=96"),
+                         log=lambda _: None)
   assert [c["step"] for c in curve] == [2, 4]
   from spade_jax import models  # pylint: disable=g-import-not-at-top
   _, saved = models.load_hf(str(tmp_path / "w"))  # what warm_start --init_from reads
-  assert (saved.num_layers, saved.d_model, saved.vocab_size) == (1, 64, 30)
+  assert (saved.num_layers, saved.d_model, saved.mlp_dim, saved.vocab_size) == (1, 48, 96, 30)
+  for bad, match in (("d_model", "key=integer"), ("d_model=x", "key=integer")):
+    with pytest.raises(ValueError, match=match):
+      copy_check.parse_shape(bad)
+  for shape in ({"width": 3}, {"vocab_size": 64}):
+    with pytest.raises(ValueError, match="cannot be set there"):
+      copy_check.run(size="smoke", offset="variable", steps=1, alphabet=20, learning_rate=1e-3,
+                     seq_len=256, fixed_len=0, every=1, shape=shape)
   assert all(0.0 <= c["repeat_top1"] <= 1.0 and math.isfinite(c["loss"]) for c in curve)
   pytest.importorskip("transformers")
   curve = copy_check.run(size="smoke", offset="fixed", steps=3, alphabet=20,

@@ -57,13 +57,15 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
         seq_len: int, fixed_len: int, every: int, vs_torch: bool = False,
         qk_scale: float = 1.0, save: str = "", lengths: tuple[int, int] = (MIN_LEN, MAX_LEN),
         vocab_size: int | None = None, num_layers: int | None = None,
-        log=print) -> list[dict]:
+        shape: dict | None = None, log=print) -> list[dict]:
   """Trains and returns the curve: ``{"step", "loss", "repeat_top1", "seconds"}`` rows
   (and ``"torch_loss"``, the PyTorch model's loss on the same batch, with ``vs_torch``).
 
   ``vocab_size``: the model's vocabulary (default: ``alphabet + 10`` for ``smoke``, the
   experiment's 6,144 for ``full``).
   ``num_layers``: the model's depth (default: the shape's).
+  ``shape``: other ``ModelConfig`` fields over the ``size``'s (e.g. ``{"d_model": 320}``),
+  to tell apart what of the two shapes decides how fast copying forms.
   ``lengths``: the shortest and longest sequence with ``offset="variable"``.
   ``save``: a directory that receives the trained weights as an HF checkpoint (what
   ``warm_start --init_from`` reads), written once training ends.
@@ -94,14 +96,19 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
   if offset == "variable" and 2 * lengths[1] + 2 > seq_len:
     raise ValueError(f"--offset=variable with --max_len={lengths[1]} needs --seq_len >= "
                      f"{2 * lengths[1] + 2}.")
-  shape = common.SMOKE_MODEL if size == "smoke" else common.MODEL
-  vocab = vocab_size or (FIRST_ID + alphabet if size == "smoke" else shape["vocab_size"])
+  base = common.SMOKE_MODEL if size == "smoke" else common.MODEL
+  unknown = sorted(set(shape or {}) - set(base) - {"vocab_size", "num_layers"})
+  if unknown or "vocab_size" in (shape or {}) or "num_layers" in (shape or {}):
+    raise ValueError(f"--shape: {unknown or 'vocab_size/num_layers'} cannot be set there; "
+                     f"it takes {sorted(set(base) - {'vocab_size', 'num_layers'})} "
+                     "(--vocab_size and --num_layers have their own flags).")
+  vocab = vocab_size or (FIRST_ID + alphabet if size == "smoke" else base["vocab_size"])
   if FIRST_ID + alphabet > vocab:
     raise ValueError(f"--alphabet={alphabet} does not fit the {vocab}-id vocabulary.")
   if num_layers is not None and num_layers < 1:
     raise ValueError(f"--num_layers={num_layers}: need at least one layer.")
-  cfg = models.ModelConfig(**dict(shape, vocab_size=vocab,
-                                  num_layers=num_layers or shape["num_layers"]))
+  cfg = models.ModelConfig(**dict(base, **(shape or {}), vocab_size=vocab,
+                                  num_layers=num_layers or base["num_layers"]))
   mesh_cfg = parallel.MeshConfig()
   opt_cfg = OptimizerConfig(learning_rate=learning_rate, schedule="cosine",
                             warmup_steps=min(20, steps // 10), total_steps=steps,
@@ -207,6 +214,9 @@ def _define_flags() -> None:
   flags.DEFINE_float("learning_rate", 3e-3, "Peak learning rate.")
   flags.DEFINE_integer("seq_len", 512, "Tokens per packed row.")
   flags.DEFINE_integer("num_layers", 0, "Layers of the model (0: the --size shape's).")
+  flags.DEFINE_integer("vocab_size", 0, "Vocabulary of the model (0: the --size shape's).")
+  flags.DEFINE_string("shape", "", "Other model fields over the --size shape's, e.g. "
+                      "'d_model=320,num_heads=2,head_dim=32'.")
   flags.DEFINE_integer("min_len", MIN_LEN, "Shortest sequence with --offset=variable.")
   flags.DEFINE_integer("max_len", MAX_LEN, "Longest sequence with --offset=variable.")
   flags.DEFINE_integer("fixed_len", 127, "Sequence length with --offset=fixed.")
@@ -221,13 +231,28 @@ def _define_flags() -> None:
                       "starting point for `warm_start --init_from`).")
 
 
+def parse_shape(text: str) -> dict:
+  """``"d_model=320,num_heads=2"`` -> ``{"d_model": 320, "num_heads": 2}``."""
+  out = {}
+  for item in filter(None, (t.strip() for t in text.split(","))):
+    key, sep, value = item.partition("=")
+    try:
+      out[key.strip()] = int(value)
+    except ValueError:
+      raise ValueError(f"--shape item {item!r}: write key=integer, e.g. d_model=320.") from None
+    if not sep:
+      raise ValueError(f"--shape item {item!r}: write key=integer, e.g. d_model=320.")
+  return out
+
+
 def main(argv):
   del argv
   f = flags.FLAGS
   kw = dict(size=f.size, offset=f.offset, steps=f.steps, alphabet=f.alphabet,
             learning_rate=f.learning_rate, seq_len=f.seq_len, fixed_len=f.fixed_len,
             every=f.every, vs_torch=f.vs_torch, qk_scale=f.qk_scale, save=f.save,
-            lengths=(f.min_len, f.max_len), num_layers=f.num_layers or None)
+            lengths=(f.min_len, f.max_len), num_layers=f.num_layers or None,
+            vocab_size=f.vocab_size or None, shape=parse_shape(f.shape))
   curve = run(**kw)
   if f.json:
     os.makedirs(os.path.dirname(os.path.abspath(f.json)), exist_ok=True)

@@ -137,6 +137,12 @@ def test_copy_check_rows_and_a_short_run(tmp_path):
   assert len({len(r.tokens) for r in free}) > 10  # no fixed distance to copy from
   short = copy_check.examples(30, 0, alphabet=20, fixed_len=None, lengths=(3, 5))
   assert {r.tokens.index(copy_check.SEP) for r in short} == {3, 4, 5}
+  picked = copy_check.examples(30, 0, alphabet=0, fixed_len=None, lengths=(3, 5),
+                               ids=[11, 40, 97])
+  assert {t for r in picked for t in r.tokens[:r.tokens.index(copy_check.SEP)]} == {11, 40, 97}
+  with pytest.raises(ValueError, match="at least two ids"):
+    copy_check.run(size="smoke", offset="variable", steps=1, alphabet=0, learning_rate=1e-3,
+                   seq_len=256, fixed_len=0, every=1, ids=[3, 50])
   curve = copy_check.run(size="smoke", offset="variable", steps=4, alphabet=20,
                          learning_rate=3e-3, seq_len=256, fixed_len=0, every=2,
                          qk_scale=2.0, lengths=(8, 40), save=str(tmp_path / "w"),
@@ -271,6 +277,9 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   # Stage 0 (copy rows) ran first and its weights started the supervised training.
   assert os.path.isfile(os.path.join(ws, "induction", "config.json"))
   assert [r["step"] for r in rec["induction"]] == [2]
+  rows = [data.Example([1, 2, 15, 30, 15], [False] * 5, data.AGENT, {}),
+          data.Example([9, 44], [False, True], data.AGENT, {})]
+  assert warm_start.data_ids(rows) == [15, 30, 44]  # what stage 0 copies; markers left out
   with pytest.raises(ValueError, match="drop --init_from"):
     warm_start.build(str(tmp_path / "both"), smoke=True, **dict(
         warm_start.DEFAULTS, **warm_start.SMOKE_BUILD, init_from=os.path.join(ws, "hf")))

@@ -38,16 +38,20 @@ BATCH = 8
 
 
 def examples(n: int, seed: int, alphabet: int, fixed_len: int | None,
-             lengths: tuple[int, int] = (MIN_LEN, MAX_LEN)):
+             lengths: tuple[int, int] = (MIN_LEN, MAX_LEN), ids=None):
   """``n`` copy rows as warm-start ``Example``s (the repeat and its end id trained); a
-  sequence has ``fixed_len`` ids, or a number in ``lengths`` (inclusive)."""
+  sequence has ``fixed_len`` ids, or a number in ``lengths`` (inclusive), drawn from
+  ``ids`` (a sequence of token ids) or else from ``FIRST_ID .. FIRST_ID + alphabet - 1``."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
   out = []
   for _ in range(n):
     k = fixed_len or int(rng.integers(lengths[0], lengths[1] + 1))
-    seq = [int(i) for i in rng.integers(FIRST_ID, FIRST_ID + alphabet, k)]
+    if ids is None:
+      seq = [int(i) for i in rng.integers(FIRST_ID, FIRST_ID + alphabet, k)]
+    else:
+      seq = [int(i) for i in rng.choice(np.asarray(ids), k)]
     out.append(data.Example(seq + [SEP] + seq + [END], [False] * (k + 1) + [True] * (k + 1),
                             data.AGENT, {"family": "copy"}))
   return out
@@ -57,7 +61,7 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
         seq_len: int, fixed_len: int, every: int, vs_torch: bool = False,
         qk_scale: float = 1.0, save: str = "", lengths: tuple[int, int] = (MIN_LEN, MAX_LEN),
         vocab_size: int | None = None, num_layers: int | None = None,
-        shape: dict | None = None, log=print) -> list[dict]:
+        shape: dict | None = None, ids=None, log=print) -> list[dict]:
   """Trains and returns the curve: ``{"step", "loss", "repeat_top1", "seconds"}`` rows
   (and ``"torch_loss"``, the PyTorch model's loss on the same batch, with ``vs_torch``).
 
@@ -67,6 +71,8 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
   ``shape``: other ``ModelConfig`` fields over the ``size``'s (e.g. ``{"d_model": 320}``),
   to tell apart what of the two shapes decides how fast copying forms.
   ``lengths``: the shortest and longest sequence with ``offset="variable"``.
+  ``ids``: the token ids sequences draw from (in place of ``alphabet``), e.g. those a
+  tokenizer gives the data that training continues on.
   ``save``: a directory that receives the trained weights as an HF checkpoint (what
   ``warm_start --init_from`` reads), written once training ends.
   """
@@ -102,6 +108,13 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
     raise ValueError(f"--shape: {unknown or 'vocab_size/num_layers'} cannot be set there; "
                      f"it takes {sorted(set(base) - {'vocab_size', 'num_layers'})} "
                      "(--vocab_size and --num_layers have their own flags).")
+  if ids is not None:
+    ids = sorted({int(i) for i in ids})
+    if len(ids) < 2 or ids[0] < FIRST_ID:
+      raise ValueError(f"ids: need at least two ids, all >= {FIRST_ID} (ids below are the "
+                       "separator and end markers); got "
+                       f"{len(ids)} from {ids[0] if ids else None}.")
+    alphabet = ids[-1] + 1 - FIRST_ID  # the vocabulary must hold the largest
   vocab = vocab_size or (FIRST_ID + alphabet if size == "smoke" else base["vocab_size"])
   if FIRST_ID + alphabet > vocab:
     raise ValueError(f"--alphabet={alphabet} does not fit the {vocab}-id vocabulary.")
@@ -126,13 +139,13 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
   if fixed is None:
     per_row = max(4, seq_len // (sum(lengths) + 2))  # ~one pass over the examples
     batches = data.pack(examples(max(1000, steps * BATCH * per_row), 0, alphabet, None,
-                                 lengths), BATCH, seq_len, seed=0)
+                                 lengths, ids), BATCH, seq_len, seed=0)
   else:  # fresh rows of seq_len // (2 * fixed + 2) whole segments each step
     per_row = seq_len // (2 * fixed + 2)
-    batches = (next(data.pack(examples(BATCH * per_row, 1000 + i, alphabet, fixed), BATCH,
-                              seq_len, seed=i)) for i in range(steps))
+    batches = (next(data.pack(examples(BATCH * per_row, 1000 + i, alphabet, fixed, ids=ids),
+                              BATCH, seq_len, seed=i)) for i in range(steps))
   held = {k: jnp.asarray(v) for k, v in next(data.pack(
-      examples(200, 1, alphabet, fixed, lengths), BATCH, seq_len, seed=1)).items()}
+      examples(200, 1, alphabet, fixed, lengths, ids), BATCH, seq_len, seed=1)).items()}
   torch_step = _torch_trainer(state.params, cfg, opt_cfg) if vs_torch else None
 
   @jax.jit

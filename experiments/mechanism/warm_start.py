@@ -20,9 +20,10 @@ One command, cached under ``$SPADE_JAX_CACHE/mechanism/warm_start[_smoke]/``:
    valid-program rate.
 
 With ``--induction_steps=N`` a stage 0 comes first: ``induction/``, the same model trained N
-steps on short copy rows of random ids (``copy_check.py``: 4-24 ids of 1,000, only the repeat
-trained, peak ``--induction_lr``), on which the 2-layer smoke model forms an in-context
-copying circuit in ~200 steps (the experiment's 8-layer model had not after 600: see the
+steps on short copy rows (``copy_check.py``: 4-24 ids drawn from the ids the supervised rows
+contain, so it trains the embeddings the next stage reads; only the repeat trained; peak
+``--induction_lr``, 1e-3: at width 320 a peak of 3e-3 or more keeps the model off copying),
+on which the experiment's 8-layer model reaches ~0.5 repeat accuracy in 300 steps (see the
 mechanism README); stage 3 then starts from those weights (as ``--init_from`` would).
 
 Each stage is skipped when its output exists (``--force`` rebuilds from the data on).
@@ -187,20 +188,31 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
   return state.params
 
 
-INDUCTION = dict(alphabet=1000, lengths=(4, 24), seq_len=512)
+INDUCTION = dict(lengths=(4, 24), seq_len=512)
+
+
+def data_ids(rows) -> list[int]:
+  """The token ids the supervised rows contain, the markers below ``copy_check.FIRST_ID``
+  left out: what stage 0 copies, so it trains the embeddings the next stage reads."""
+  from experiments.mechanism import copy_check  # pylint: disable=g-import-not-at-top
+  seen = set()
+  for r in rows:
+    seen.update(r.tokens)
+  return sorted(i for i in seen if i >= copy_check.FIRST_ID)
 
 
 def induction(out: str, *, smoke: bool, steps: int, learning_rate: float,
-              vocab_size: int) -> str:
-  """Stage 0: ``out/induction`` (HF weights) from ``steps`` steps of short copy rows; the
-  accuracy curve goes to ``out/induction_curve.json``. Returns the weights' directory."""
+              vocab_size: int, ids) -> str:
+  """Stage 0: ``out/induction`` (HF weights) from ``steps`` steps of short copy rows of
+  ``ids``; the accuracy curve goes to ``out/induction_curve.json``. Returns the weights'
+  directory."""
   from experiments.mechanism import copy_check  # pylint: disable=g-import-not-at-top
   path = os.path.join(out, "induction")
   if os.path.isfile(os.path.join(path, "config.json")):
     return path
   _log(f"stage 0: {steps} steps of copy rows (in-context copying)")
   curve = copy_check.run(size="smoke" if smoke else "full", offset="variable", steps=steps,
-                         alphabet=INDUCTION["alphabet"], learning_rate=learning_rate,
+                         alphabet=0, ids=ids, learning_rate=learning_rate,
                          seq_len=INDUCTION["seq_len"], fixed_len=0,
                          every=max(1, min(25, steps)), lengths=INDUCTION["lengths"],
                          vocab_size=vocab_size, save=path, log=_log)
@@ -219,7 +231,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
           learning_rate: float, designer_rows: int, agent_rows: int, checkpoint_every: int,
           measure_episodes: int, measure_designs: int, num_microbatches: int = 1,
           remat: str = "full", worked: bool = False, copy_rows: int = 0,
-          init_from: str = "", induction_steps: int = 0, induction_lr: float = 3e-3,
+          init_from: str = "", induction_steps: int = 0, induction_lr: float = 1e-3,
           force: bool = False) -> dict:
   """Runs every stage not yet done; returns the measured levels."""
   from spade_jax import models  # pylint: disable=g-import-not-at-top
@@ -252,7 +264,8 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
                       worked=worked, copy_rows=copy_rows)
     if induction_steps:
       init_from = induction(out, smoke=smoke, steps=induction_steps,
-                            learning_rate=induction_lr, vocab_size=shape["vocab_size"])
+                            learning_rate=induction_lr, vocab_size=shape["vocab_size"],
+                            ids=data_ids(rows))
     params = train(out, model_cfg, rows, steps=steps, batch_size=batch_size, seq_len=seq_len,
                    learning_rate=learning_rate, checkpoint_every=checkpoint_every,
                    micro=num_microbatches, remat=remat, init_from=init_from)
@@ -312,7 +325,7 @@ def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
 DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4, remat="none", worked=False, copy_rows=0, init_from="",
-                induction_steps=0, induction_lr=3e-3)
+                induction_steps=0, induction_lr=1e-3)
 SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
                    agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2,
                    worked=True, induction_steps=2)
@@ -343,7 +356,7 @@ def _define_flags() -> None:
   _INDUCTION = flags.DEFINE_integer(
       "induction_steps", 0, "Stage 0: steps of short copy rows of random ids before the "
       "supervised rows, from which training starts (an in-context copying circuit).")
-  _INDUCTION_LR = flags.DEFINE_float("induction_lr", 3e-3, "Peak learning rate of stage 0.")
+  _INDUCTION_LR = flags.DEFINE_float("induction_lr", 1e-3, "Peak learning rate of stage 0.")
   _CKPT = flags.DEFINE_integer("checkpoint_every", 10, "Steps between checkpoints.")
   _MEASURE = flags.DEFINE_integer("measure_episodes", 8,
                                   "Medium-level episodes per seen family when measuring.")

@@ -150,8 +150,20 @@ def test_copy_check_rows_and_a_short_run(tmp_path):
                          log=lambda _: None)
   assert [c["step"] for c in curve] == [2, 4]
   from spade_jax import models  # pylint: disable=g-import-not-at-top
-  _, saved = models.load_hf(str(tmp_path / "w"))  # what warm_start --init_from reads
+  saved_params, saved = models.load_hf(str(tmp_path / "w"))  # what warm_start --init_from reads
   assert (saved.num_layers, saved.d_model, saved.mlp_dim, saved.vocab_size) == (1, 48, 96, 30)
+  again = copy_check.run(size="smoke", offset="variable", steps=1, alphabet=20,
+                         learning_rate=1e-9, seq_len=256, fixed_len=0, every=1,
+                         lengths=(8, 40), num_layers=1, shape={"d_model": 48, "mlp_dim": 96},
+                         init_from=str(tmp_path / "w"), save=str(tmp_path / "w2"),
+                         log=lambda _: None)
+  assert len(again) == 1
+  resumed, _ = models.load_hf(str(tmp_path / "w2"))  # started from w, moved by ~1e-9
+  for a, b in zip(jax.tree.leaves(resumed), jax.tree.leaves(saved_params)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+  with pytest.raises(ValueError, match="holds a different model"):
+    copy_check.run(size="smoke", offset="variable", steps=1, alphabet=20, learning_rate=1e-3,
+                   seq_len=256, fixed_len=0, every=1, init_from=str(tmp_path / "w"))
   for bad, match in (("d_model", "key=integer"), ("d_model=x", "key=integer")):
     with pytest.raises(ValueError, match=match):
       copy_check.parse_shape(bad)

@@ -61,7 +61,8 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
         seq_len: int, fixed_len: int, every: int, vs_torch: bool = False,
         qk_scale: float = 1.0, save: str = "", lengths: tuple[int, int] = (MIN_LEN, MAX_LEN),
         vocab_size: int | None = None, num_layers: int | None = None,
-        shape: dict | None = None, ids=None, log=print) -> list[dict]:
+        shape: dict | None = None, ids=None, init_from: str = "",
+        log=print) -> list[dict]:
   """Trains and returns the curve: ``{"step", "loss", "repeat_top1", "seconds"}`` rows
   (and ``"torch_loss"``, the PyTorch model's loss on the same batch, with ``vs_torch``).
 
@@ -73,6 +74,8 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
   ``lengths``: the shortest and longest sequence with ``offset="variable"``.
   ``ids``: the token ids sequences draw from (in place of ``alphabet``), e.g. those a
   tokenizer gives the data that training continues on.
+  ``init_from``: an HF directory whose weights start training (a fresh optimizer and
+  schedule), e.g. an earlier run's ``save``; its shape must be the one asked for.
   ``save``: a directory that receives the trained weights as an HF checkpoint (what
   ``warm_start --init_from`` reads), written once training ends.
   """
@@ -131,6 +134,13 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
                     parallel.make_mesh(mesh_cfg, jax.devices()),
                     parallel.RULE_SETS[mesh_cfg.rules])
   state = trainer.init_state(jax.random.key(0))
+  if init_from:
+    start, start_cfg = models.load_hf(init_from)
+    if models.param_shapes(start_cfg) != models.param_shapes(cfg):
+      raise ValueError(f"--init_from={init_from} holds a different model ({start_cfg}) "
+                       f"than the one asked for ({cfg}): match --size, --vocab_size, "
+                       "--num_layers and --shape to it.")
+    state = trainer.state_from_params(start)
   if qk_scale != 1.0:
     layers = dict(state.params["layers"])
     for name in ("q_norm", "k_norm"):
@@ -240,6 +250,8 @@ def _define_flags() -> None:
                     "sqrt(head_dim)).")
   flags.DEFINE_integer("every", 25, "Steps between evaluations.")
   flags.DEFINE_string("json", "", "Also write the curve to this JSON file.")
+  flags.DEFINE_string("init_from", "", "Start from the weights in this HF directory (e.g. "
+                      "an earlier --save) with a fresh optimizer.")
   flags.DEFINE_string("save", "", "Write the trained weights here as an HF checkpoint (a "
                       "starting point for `warm_start --init_from`).")
 
@@ -265,7 +277,8 @@ def main(argv):
             learning_rate=f.learning_rate, seq_len=f.seq_len, fixed_len=f.fixed_len,
             every=f.every, vs_torch=f.vs_torch, qk_scale=f.qk_scale, save=f.save,
             lengths=(f.min_len, f.max_len), num_layers=f.num_layers or None,
-            vocab_size=f.vocab_size or None, shape=parse_shape(f.shape))
+            vocab_size=f.vocab_size or None, shape=parse_shape(f.shape),
+            init_from=f.init_from)
   curve = run(**kw)
   if f.json:
     os.makedirs(os.path.dirname(os.path.abspath(f.json)), exist_ok=True)

@@ -45,13 +45,14 @@ def examples(n: int, seed: int, alphabet: int, fixed_len: int | None,
   import numpy as np  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(seed)
+  pool = None if ids is None else np.asarray(ids)
   out = []
   for _ in range(n):
     k = fixed_len or int(rng.integers(lengths[0], lengths[1] + 1))
-    if ids is None:
+    if pool is None:
       seq = [int(i) for i in rng.integers(FIRST_ID, FIRST_ID + alphabet, k)]
     else:
-      seq = [int(i) for i in rng.choice(np.asarray(ids), k)]
+      seq = [int(i) for i in rng.choice(pool, k)]
     out.append(data.Example(seq + [SEP] + seq + [END], [False] * (k + 1) + [True] * (k + 1),
                             data.AGENT, {"family": "copy"}))
   return out
@@ -260,13 +261,11 @@ def parse_shape(text: str) -> dict:
   """``"d_model=320,num_heads=2"`` -> ``{"d_model": 320, "num_heads": 2}``."""
   out = {}
   for item in filter(None, (t.strip() for t in text.split(","))):
-    key, sep, value = item.partition("=")
-    try:
+    key, _, value = item.partition("=")
+    try:  # "d_model" alone has no value: int("") raises too
       out[key.strip()] = int(value)
     except ValueError:
       raise ValueError(f"--shape item {item!r}: write key=integer, e.g. d_model=320.") from None
-    if not sep:
-      raise ValueError(f"--shape item {item!r}: write key=integer, e.g. d_model=320.")
   return out
 
 

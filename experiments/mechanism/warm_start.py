@@ -262,14 +262,14 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   if not os.path.isfile(os.path.join(hf, "config.json")):
     rows = build_data(out, chat, designer_rows=designer_rows, agent_rows=agent_rows,
                       worked=worked, copy_rows=copy_rows)
+    ids = data_ids(rows) if induction_steps or induction_mix else None
     if induction_steps:
       init_from = induction(out, smoke=smoke, steps=induction_steps,
                             learning_rate=induction_lr, vocab_size=shape["vocab_size"],
-                            ids=data_ids(rows))
+                            ids=ids)
     if induction_mix:  # stage 0's rows kept in the mix, so the copying is not unlearnt
       from experiments.mechanism import copy_check  # pylint: disable=g-import-not-at-top
-      rows = rows + copy_check.examples(induction_mix, 2, 0, None, INDUCTION["lengths"],
-                                        data_ids(rows))
+      rows = rows + copy_check.examples(induction_mix, 2, 0, None, INDUCTION["lengths"], ids)
       _log(f"mixed {induction_mix} short copy rows into the supervised rows")
     params = train(out, model_cfg, rows, steps=steps, batch_size=batch_size, seq_len=seq_len,
                    learning_rate=learning_rate, checkpoint_every=checkpoint_every,

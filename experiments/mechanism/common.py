@@ -68,6 +68,17 @@ def write_hf(path: str, params, cfg, tokenizer_dir: str = "") -> str:
   return path
 
 
+def load_start(path: str, cfg, fix: str):
+  """The parameters of the HF checkpoint in ``path`` (an ``--init_from``), checked to have
+  ``cfg``'s shapes; a mismatch raises with ``fix`` as the way out."""
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  params, loaded = models.load_hf(path)
+  if models.param_shapes(loaded) != models.param_shapes(cfg):
+    raise ValueError(f"--init_from={path} holds a different model: its model shape differs "
+                     f"from the one asked for ({fix}).")
+  return params
+
+
 def warm_start_dir(smoke: bool = False) -> str:
   """The warm-start build directory (``hf/`` holds the checkpoint runs start from)."""
   return os.path.join(cache_dir(), "warm_start_smoke" if smoke else "warm_start")
@@ -75,4 +86,4 @@ def warm_start_dir(smoke: bool = False) -> str:
 
 __all__ = ["AGENT_TURN_TOKENS", "ARMS", "DESIGNER_PROMPT_TOKENS", "HELD_OUT", "MAX_TURNS",
            "MODEL", "NUM_EXEMPLARS", "RESULTS", "RUNS", "SEEDS", "SETTING", "SMOKE_MODEL", "VOCAB_SIZE",
-           "cache_dir", "max_family_turns", "seen", "skills", "warm_start_dir", "write_hf"]
+           "cache_dir", "load_start", "max_family_turns", "seen", "skills", "warm_start_dir", "write_hf"]

@@ -136,12 +136,8 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
                     parallel.RULE_SETS[mesh_cfg.rules])
   state = trainer.init_state(jax.random.key(0))
   if init_from:
-    start, start_cfg = models.load_hf(init_from)
-    if models.param_shapes(start_cfg) != models.param_shapes(cfg):
-      raise ValueError(f"--init_from={init_from} holds a different model ({start_cfg}) "
-                       f"than the one asked for ({cfg}): match --size, --vocab_size, "
-                       "--num_layers and --shape to it.")
-    state = trainer.state_from_params(start)
+    state = trainer.state_from_params(common.load_start(
+        init_from, cfg, "match --size, --vocab_size, --num_layers and --shape to it"))
   if qk_scale != 1.0:
     layers = dict(state.params["layers"])
     for name in ("q_norm", "k_norm"):

@@ -150,12 +150,9 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
                     mesh, parallel.RULE_SETS[mesh_cfg.rules])
   ckpt = checkpoint.Checkpointer(os.path.join(out, "train"), keep=2)
   if init_from and ckpt.latest_step() is None:
-    from spade_jax import models  # pylint: disable=g-import-not-at-top
-    params, loaded = models.load_hf(init_from)
-    if models.param_shapes(loaded) != models.param_shapes(model_cfg):
-      raise ValueError(f"--init_from={init_from}: its model shape differs from this build's "
-                       "(use a checkpoint of the same experiment size).")
-    state = trainer.state_from_params(params)
+    from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+    state = trainer.state_from_params(common.load_start(
+        init_from, model_cfg, "use a checkpoint of the same experiment size"))
     _log(f"started from the weights in {init_from}")
   else:
     state = trainer.init_state(jax.random.key(0))

@@ -292,6 +292,14 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   rows = [data.Example([1, 2, 15, 30, 15], [False] * 5, data.AGENT, {}),
           data.Example([9, 44], [False, True], data.AGENT, {})]
   assert warm_start.data_ids(rows) == [15, 30, 44]  # what stage 0 copies; markers left out
+  # --families: the agent data's families are recorded; cached data of others is refused.
+  assert rec["data"]["families"] == sorted(common.seen())
+  with pytest.raises(ValueError, match="--force to rebuild the data"):
+    warm_start.build_data(ws, None, designer_rows=0, agent_rows=1, families=("ordering",))
+  assert warm_start.parse_families("") == ()
+  assert warm_start.parse_families(" ordering,grid_path,ordering") == ("ordering", "grid_path")
+  with pytest.raises(ValueError, match="not seen families"):
+    warm_start.parse_families(f"ordering,{HELD_OUT}")
   with pytest.raises(ValueError, match="drop --init_from"):
     warm_start.build(str(tmp_path / "both"), smoke=True, **dict(
         warm_start.DEFAULTS, **warm_start.SMOKE_BUILD, init_from=os.path.join(ws, "hf")))

@@ -102,20 +102,22 @@ def designer_valid_rate(pool, params, cfg, chat, *, designs: int, seed: int = 0,
           "finished_rate": sum(gen.finished) / len(gen.finished)}
 
 
-def starting_levels(hf_dir: str, *, episodes: int, designs: int) -> dict:
-  """Loads ``hf_dir`` and measures the agent and the designer (see the module docstring)."""
+def starting_levels(hf_dir: str, *, episodes: int, designs: int, families=()) -> dict:
+  """Loads ``hf_dir`` and measures the agent and the designer (see the module docstring);
+  ``families``: the agent's families (default: every seen family)."""
   from spade_jax import models, sandbox  # pylint: disable=g-import-not-at-top
   from spade_jax.models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
   t0 = time.time()
   params, cfg = models.load_hf(hf_dir)
   chat = models.ChatTemplate(load_tokenizer(hf_dir), thinking=False)
+  families = tuple(families) or common.seen()
   with sandbox.EnvPool(sandbox.SandboxConfig()) as pool:
     out = {
         "agent_medium_sampled": agent_win_rate(pool, params, cfg, chat,
-                                               families=common.seen(), level=2,
+                                               families=families, level=2,
                                                episodes=episodes, temperature=0.6),
         "agent_medium_greedy": agent_win_rate(pool, params, cfg, chat,
-                                              families=common.seen(), level=2,
+                                              families=families, level=2,
                                               episodes=episodes, temperature=0.0),
     }
     if designs:  # 0: an agent-only build (no designer rows to measure)

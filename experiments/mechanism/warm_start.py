@@ -83,12 +83,19 @@ def build_tokenizer(out: str, vocab_size: int, worked: bool = False) -> str:
 
 
 def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
-               worked: bool = False, copy_rows: int = 0) -> list:
-  """The supervised rows (cached in ``out/data.pkl``)."""
+               worked: bool = False, copy_rows: int = 0, families=()) -> list:
+  """The supervised rows (cached in ``out/data.pkl``); ``families``: the seen families the
+  agent transcripts play (all of them when empty)."""
   from spade_jax import sandbox  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import common, data  # pylint: disable=g-import-not-at-top
   path = os.path.join(out, "data.pkl")
   if os.path.isfile(path):
+    stats = os.path.join(out, "data_stats.json")
+    cached = json.load(open(stats)).get("families") if os.path.isfile(stats) else None
+    want = sorted(families or common.seen())
+    if cached is not None and cached != want:
+      raise ValueError(f"{path} holds transcripts of {cached}, not of {want}; use another "
+                       f"--out, or --force to rebuild the data")
     with open(path, "rb") as f:
       return pickle.load(f)
   t0 = time.time()
@@ -100,7 +107,8 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
   with sandbox.EnvPool(sandbox.SandboxConfig()) as pool:
     for start in range(0, agent_rows, 1000):
       rows += data.agent_examples(pool, chat, min(1000, agent_rows - start), seed=start,
-                                  families=common.seen(), levels=AGENT_LEVELS, p=P_SLIP,
+                                  families=tuple(families) or common.seen(),
+                                  levels=AGENT_LEVELS, p=P_SLIP,
                                   p_hinted=P_SLIP_HINTED, hinted_frac=HINTED_FRAC,
                                   max_turns=common.MAX_TURNS, worked=worked)
       _log(f"  {min(agent_rows, start + 1000)}/{agent_rows} episodes")
@@ -109,6 +117,7 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
     _log(f"writing {copy_rows} copy rows")
     rows += data.copy_examples(chat.vocab, copy_rows, seed=0)
   stats = {"designer_rows": designer_rows, "agent_rows": len(agent), "worked": worked,
+           "families": sorted(families or common.seen()),
            "copy_rows": copy_rows,
            "scripted_win_rate": (sum(r.meta.get("solved", False) for r in agent)
                                  / max(1, len(agent))),
@@ -188,6 +197,20 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
 INDUCTION = dict(lengths=(4, 24), seq_len=512)
 
 
+def parse_families(families) -> tuple[str, ...]:
+  """``families`` (a comma-separated string or a sequence of names) as a tuple of seen
+  family names; empty means every seen family. Unknown or held-out names raise."""
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  if isinstance(families, str):
+    families = [f.strip() for f in families.split(",") if f.strip()]
+  families = tuple(dict.fromkeys(families))
+  bad = [f for f in families if f not in common.seen()]
+  if bad:
+    raise ValueError(f"--families: {bad} are not seen families of the experiment; choose "
+                     f"from {list(common.seen())} (the held-out family is never trained on)")
+  return families
+
+
 def data_ids(rows) -> list[int]:
   """The token ids the supervised rows contain, the markers below ``copy_check.FIRST_ID``
   left out: what stage 0 copies, so it trains the embeddings the next stage reads."""
@@ -229,8 +252,13 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
           measure_episodes: int, measure_designs: int, num_microbatches: int = 1,
           remat: str = "full", worked: bool = False, copy_rows: int = 0,
           init_from: str = "", induction_steps: int = 0, induction_lr: float = 1e-3,
-          induction_mix: int = 0, force: bool = False) -> dict:
-  """Runs every stage not yet done; returns the measured levels."""
+          induction_mix: int = 0, families=(), force: bool = False) -> dict:
+  """Runs every stage not yet done; returns the measured levels.
+
+  ``families``: a subset of the seen families that the agent transcripts play and the agent
+  is measured on (all seen families when empty); the designer rows and the tokenizer always
+  cover every seen family.
+  """
   from spade_jax import models  # pylint: disable=g-import-not-at-top
   from spade_jax.models import ChatTemplate  # pylint: disable=g-import-not-at-top
   from spade_jax.models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
@@ -238,6 +266,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   if common.max_family_turns() > common.MAX_TURNS:
     raise ValueError(f"a family allows {common.max_family_turns()} turns, more than the "
                      f"experiment's MAX_TURNS={common.MAX_TURNS}; raise MAX_TURNS.")
+  families = parse_families(families)
   if induction_steps and init_from:
     raise ValueError("--induction_steps trains the starting weights itself; drop "
                      "--init_from (or --induction_steps).")
@@ -258,7 +287,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   hf = os.path.join(out, "hf")
   if not os.path.isfile(os.path.join(hf, "config.json")):
     rows = build_data(out, chat, designer_rows=designer_rows, agent_rows=agent_rows,
-                      worked=worked, copy_rows=copy_rows)
+                      worked=worked, copy_rows=copy_rows, families=families)
     ids = data_ids(rows) if induction_steps or induction_mix else None
     if induction_steps:
       init_from = induction(out, smoke=smoke, steps=induction_steps,
@@ -277,7 +306,8 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   if os.path.isfile(levels_path):
     with open(levels_path) as f:
       return json.load(f)
-  levels = measure.starting_levels(hf, episodes=measure_episodes, designs=measure_designs)
+  levels = measure.starting_levels(hf, episodes=measure_episodes, designs=measure_designs,
+                                   families=families or common.seen())
   with open(levels_path, "w") as f:
     json.dump(levels, f, indent=1)
   _log(f"starting levels: {json.dumps(levels)}")
@@ -297,7 +327,7 @@ def main(argv):
             num_microbatches=_MICRO.value, remat=_REMAT.value, worked=_WORKED.value,
             copy_rows=_COPY.value, init_from=_INIT.value,
             induction_steps=_INDUCTION.value, induction_lr=_INDUCTION_LR.value,
-            induction_mix=_INDUCTION_MIX.value)
+            induction_mix=_INDUCTION_MIX.value, families=_FAMILIES.value)
   if smoke:
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
@@ -328,7 +358,7 @@ def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
 DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4, remat="none", worked=False, copy_rows=0, init_from="",
-                induction_steps=0, induction_lr=1e-3, induction_mix=0)
+                induction_steps=0, induction_lr=1e-3, induction_mix=0, families="")
 SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
                    agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2,
                    worked=True, induction_steps=2, induction_mix=16)
@@ -336,7 +366,7 @@ SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, desi
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
@@ -363,6 +393,9 @@ def _define_flags() -> None:
   _INDUCTION_MIX = flags.DEFINE_integer(
       "induction_mix", 0, "Short copy rows of the data's ids (stage 0's kind) mixed into the "
       "supervised rows, so in-context copying is kept while the rest is learnt.")
+  _FAMILIES = flags.DEFINE_string(
+      "families", "", "Comma-separated seen families the agent transcripts play and the "
+      "agent is measured on (default: all seen families); designer rows cover all of them.")
   _CKPT = flags.DEFINE_integer("checkpoint_every", 10, "Steps between checkpoints.")
   _MEASURE = flags.DEFINE_integer("measure_episodes", 8,
                                   "Medium-level episodes per seen family when measuring.")

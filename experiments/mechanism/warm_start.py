@@ -88,11 +88,12 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
   agent transcripts play (all of them when empty)."""
   from spade_jax import sandbox  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import common, data  # pylint: disable=g-import-not-at-top
+  families = tuple(families) or common.seen()
   path = os.path.join(out, "data.pkl")
   if os.path.isfile(path):
     stats = os.path.join(out, "data_stats.json")
     cached = json.load(open(stats)).get("families") if os.path.isfile(stats) else None
-    want = sorted(families or common.seen())
+    want = sorted(families)
     if cached is not None and cached != want:
       raise ValueError(f"{path} holds transcripts of {cached}, not of {want}; use another "
                        f"--out, or --force to rebuild the data")
@@ -107,8 +108,7 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
   with sandbox.EnvPool(sandbox.SandboxConfig()) as pool:
     for start in range(0, agent_rows, 1000):
       rows += data.agent_examples(pool, chat, min(1000, agent_rows - start), seed=start,
-                                  families=tuple(families) or common.seen(),
-                                  levels=AGENT_LEVELS, p=P_SLIP,
+                                  families=families, levels=AGENT_LEVELS, p=P_SLIP,
                                   p_hinted=P_SLIP_HINTED, hinted_frac=HINTED_FRAC,
                                   max_turns=common.MAX_TURNS, worked=worked)
       _log(f"  {min(agent_rows, start + 1000)}/{agent_rows} episodes")
@@ -117,7 +117,7 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
     _log(f"writing {copy_rows} copy rows")
     rows += data.copy_examples(chat.vocab, copy_rows, seed=0)
   stats = {"designer_rows": designer_rows, "agent_rows": len(agent), "worked": worked,
-           "families": sorted(families or common.seen()),
+           "families": sorted(families),
            "copy_rows": copy_rows,
            "scripted_win_rate": (sum(r.meta.get("solved", False) for r in agent)
                                  / max(1, len(agent))),
@@ -266,7 +266,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   if common.max_family_turns() > common.MAX_TURNS:
     raise ValueError(f"a family allows {common.max_family_turns()} turns, more than the "
                      f"experiment's MAX_TURNS={common.MAX_TURNS}; raise MAX_TURNS.")
-  families = parse_families(families)
+  families = parse_families(families) or common.seen()
   if induction_steps and init_from:
     raise ValueError("--induction_steps trains the starting weights itself; drop "
                      "--init_from (or --induction_steps).")
@@ -307,7 +307,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
     with open(levels_path) as f:
       return json.load(f)
   levels = measure.starting_levels(hf, episodes=measure_episodes, designs=measure_designs,
-                                   families=families or common.seen())
+                                   families=families)
   with open(levels_path, "w") as f:
     json.dump(levels, f, indent=1)
   _log(f"starting levels: {json.dumps(levels)}")

@@ -309,6 +309,8 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   for r in diag.values():  # the whole action right implies its format right
     assert 0.0 <= r["action_rate"] <= r["format_rate"] <= 1.0 and r["nats_per_token"] > 0
     assert r["action_rate"] <= r["answer_rate"] <= 1.0 and 0.0 <= r["work_rate"] <= 1.0
+    assert sum(v["steps"] for v in r["result_rate_by_operator"].values()) == r[
+        "equation_steps"] <= r["worked_turns"]
   assert sum(r["worked_turns"] for r in diag.values()) > 0
   probe = diagnose.copy_probe(ws, rows=2, length=8)
   assert set(probe) == {"first_top1", "repeat_top1"}
@@ -345,3 +347,10 @@ def test_diagnose_finds_turns_and_the_boxed_answer():
   a, b = diagnose.inner(ids, (3, len(ids)), vocab)
   assert vocab.decode(ids[a:b]) == "42}"
   assert diagnose.inner(vocab.encode("no box"), (0, 6), vocab) is None
+  step = vocab.encode("59 + 6 = 65 ")
+  eq = diagnose.equals_split(step, len(step), vocab)
+  assert vocab.decode(step[:eq]) == "59 + 6 =" and vocab.decode(step[eq:]) == " 65 "
+  assert diagnose.equals_split(vocab.encode("no equation"), 11, vocab) is None
+  assert diagnose.operator("59 + 6 =") == "+" and diagnose.operator("3 * 4") == "*"
+  assert diagnose.operator("-11 - 4 =") == "-" and diagnose.operator("-11 * 2 =") == "*"
+  assert diagnose.operator("x is y") == "?"

@@ -9,11 +9,14 @@ every agent turn whether the model's arg-max continuation is the player's whole 
 the answer inside ``\boxed{}`` ignored (format only), the rate at which the answer alone is
 right given everything before it in the turn (for ``--worked`` transcripts: given the
 worked step), the rate at which a worked step (text before the box, where the turn has
-one) is right, and the nats per trained token. A model that has the format but not the
-decisions shows a high format rate and a low action rate. Last, a copy probe: random digit
-strings followed by themselves; a model that copies in context predicts the repeat. The
-player slips on ~10% of turns (``warm_start.P_SLIP``), so 90% is about the best
-possible action rate.
+one) is right, and the nats per trained token. A worked step with an ``=`` is split in two:
+its setup (up to and including the last ``=``: the operands copied) and its result (what
+follows, given the setup), the result rate also per operator (the first ``+-*/`` with
+spaces either side in the setup). A model that has the format but not the decisions
+shows a high format rate and a low action rate. Last, a copy probe: random digit strings
+followed by themselves; a model that copies in context predicts the repeat. The player
+slips on ~10% of turns (``warm_start.P_SLIP``), so 90% is about the best possible action
+rate.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import collections
 import json
 import os
 import pickle
+import re
 
 from absl import app
 from absl import flags
@@ -62,6 +66,21 @@ def inner(tokens, span, vocab) -> tuple[int, int] | None:
   return None
 
 
+def equals_split(tokens, lead: int, vocab) -> int | None:
+  """The index just past the last token in ``tokens[:lead]`` that holds ``=``, or None."""
+  for i in range(lead - 1, -1, -1):
+    if "=" in vocab.decode([int(tokens[i])]):
+      return i + 1
+  return None
+
+
+def operator(text: str) -> str:
+  """The first arithmetic operator standing alone (spaces either side, so a minus sign is
+  not one) in a worked step's setup ("?" when none)."""
+  m = re.search(r"(?<=\s)[+\-*/](?=\s)", text)
+  return m.group(0) if m else "?"
+
+
 def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
   """Per-family action rate, format rate and nats per trained token (see the docstring)."""
   import jax  # pylint: disable=g-import-not-at-top
@@ -97,6 +116,8 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
     pool = by_family[family]
     pick = rng.choice(len(pool), min(rows_per_family, len(pool)), replace=False)
     n_turns = action_ok = format_ok = answer_ok = n_worked = work_ok = 0
+    n_eq = setup_ok = result_ok = 0
+    by_op = collections.defaultdict(lambda: [0, 0])  # operator -> [steps, results right]
     nll, n_tok = 0.0, 0
     for k in pick:
       ex = pool[int(k)]
@@ -124,12 +145,25 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
         if lead:  # a worked step precedes the box
           n_worked += 1
           work_ok += int(np.array_equal(guess[:lead], target[:lead]))
+          eq = equals_split(target, lead, vocab)
+          if eq is not None and eq < lead:
+            n_eq += 1
+            setup_ok += int(np.array_equal(guess[:eq], target[:eq]))
+            right = int(np.array_equal(guess[eq:lead], target[eq:lead]))
+            result_ok += right
+            op = by_op[operator(vocab.decode(target[:eq].tolist()))]
+            op[0] += 1
+            op[1] += right
         nll -= float(lp[0, np.arange(a - 1, b - 1), target].sum())
         n_tok += b - a
     out[family] = {"turns": n_turns, "action_rate": action_ok / max(n_turns, 1),
                    "format_rate": format_ok / max(n_turns, 1),
                    "answer_rate": answer_ok / max(n_turns, 1), "worked_turns": n_worked,
-                   "work_rate": work_ok / max(n_worked, 1),
+                   "work_rate": work_ok / max(n_worked, 1), "equation_steps": n_eq,
+                   "setup_rate": setup_ok / max(n_eq, 1),
+                   "result_rate": result_ok / max(n_eq, 1),
+                   "result_rate_by_operator": {k: {"steps": n, "rate": ok / n}
+                                               for k, (n, ok) in sorted(by_op.items())},
                    "nats_per_token": nll / max(n_tok, 1)}
   return out
 
@@ -165,6 +199,12 @@ def main(argv):
     print(f"{fam:18s} {r['turns']:5d} {r['action_rate']:7.2f} {r['format_rate']:7.2f} "
           f"{r['answer_rate']:7.2f} {r['worked_turns']:6d} {r['work_rate']:5.2f} "
           f"{r['nats_per_token']:8.3f}")
+  for fam, r in res.items():
+    if r["equation_steps"]:
+      ops = ", ".join(f"{k} {v['rate']:.2f} ({v['steps']})"
+                      for k, v in r["result_rate_by_operator"].items())
+      print(f"{fam}: {r['equation_steps']} worked equations, setup right {r['setup_rate']:.2f}, "
+            f"result right given it {r['result_rate']:.2f}; by operator: {ops}")
   probe = copy_probe(_OUT.value or common.warm_start_dir(_SMOKE.value))
   print(f"copy probe (next digit, arg-max): first copy {probe['first_top1']:.2f}, repeat "
         f"{probe['repeat_top1']:.2f}")

@@ -124,6 +124,31 @@ def test_copy_rows_train_only_the_repeat():
     assert again.replace(" ", "").isdigit() == (i % 2 == 0)
 
 
+def test_arithmetic_drill_rows_are_right_and_train_only_results():
+  vocab = ByteVocab()
+  rows = data.arithmetic_examples(vocab, 40, seed=1, lines=16)
+  assert rows == data.arithmetic_examples(vocab, 40, seed=1, lines=16)  # seeded
+  signs, negative = set(), 0
+  for r in rows:
+    assert r.tokens[-1] == vocab.eos_id and r.mask[-1]
+    text = vocab.decode(r.tokens[:-1])
+    trained = "".join(vocab.decode([t]) for t, m in zip(r.tokens[:-1], r.mask) if m)
+    lines = text.splitlines()
+    assert len(lines) == 16
+    results = []
+    for line in lines:
+      left, result = line.split(" = ")
+      a, sign, b = left.split(" ")
+      signs.add(sign)
+      want = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[sign]
+      assert int(result) == want, line
+      assert (2 <= int(b) <= 3) if sign == "*" else (2 <= int(b) <= 50)
+      negative += int(result) < 0
+      results.append(" " + result + "\n")
+    assert trained == "".join(results)  # the results alone are trained
+  assert signs == {"+", "-", "*"} and negative > 0
+
+
 def test_copy_check_rows_and_a_short_run(tmp_path):
   from experiments.mechanism import copy_check  # pylint: disable=g-import-not-at-top
   fixed = copy_check.examples(5, 0, alphabet=20, fixed_len=30)

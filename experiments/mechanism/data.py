@@ -207,6 +207,41 @@ def copy_examples(vocab, n: int, seed: int, *, min_len: int = 8,
   return out
 
 
+def arithmetic_examples(vocab, n: int, seed: int, *, lines: int = 32) -> list[Example]:
+  """``n`` drill rows of ``lines`` worked equations each, ``a + b = c``, ``a - b = c`` or
+  ``a * b = c``, in the text of ``arithmetic_chain``'s worked step; only each result (and its
+  newline) is trained.
+
+  The left operands are the running values of random chains drawn as the family draws them
+  (start 2-20; at a random difficulty level, adds and subtracts up to ``MAX_OPERAND`` and,
+  where the level allows, multiplies by 2 or 3), so the drill covers the values an episode
+  meets, negative ones included. The arithmetic a transcript holds is a few result tokens per
+  turn; the drill gives the same sums densely, as pretraining gives a language model its
+  arithmetic.
+  """
+  knobs = {k.name: k.levels for k in FAMILIES["arithmetic_chain"].knobs}
+  rng = random.Random(f"arithmetic:{seed}")
+  out = []
+  for _ in range(n):
+    ex = Example([], [], AGENT, {"family": "arithmetic"})
+    value, left = 0, 0
+    for _ in range(lines):
+      if left == 0:  # a new chain at a random level
+        level = rng.randrange(len(knobs["NUM_OPS"]))
+        value, left = rng.randint(2, 20), knobs["NUM_OPS"][level]
+        kinds = ["+", "-"] + (["*"] if knobs["MULTIPLY"][level] else [])
+        top = knobs["MAX_OPERAND"][level]
+      sign = rng.choice(kinds)
+      operand = rng.randint(2, 3) if sign == "*" else rng.randint(2, top)
+      result = {"+": value + operand, "-": value - operand, "*": value * operand}[sign]
+      _add(ex, vocab.encode(f"{value} {sign} {operand} ="), False)
+      _add(ex, vocab.encode(f" {result}\n"), True)
+      value, left = result, left - 1
+    _add(ex, [vocab.eos_id], True)
+    out.append(ex)
+  return out
+
+
 def _add(ex: Example, ids: Sequence[int], mask: bool) -> None:
   ex.tokens.extend(ids)
   ex.mask.extend([mask] * len(ids))

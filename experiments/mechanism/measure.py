@@ -6,6 +6,11 @@
 * designer: designer prompts (the run's renderer, corpus and budget, no memory) sampled at
   the run's designer sampling, validated by the run's validator; the valid rate, the rejection
   reasons and which families and difficulty levels the valid programs are.
+
+Run alone, it measures a checkpoint's agent at every difficulty level:
+
+  python -m experiments.mechanism.measure --hf=DIR [--families=a,b] [--levels=0,1,2,3,4]
+      [--episodes=40] [--temperature=0] [--json=PATH]
 """
 
 from __future__ import annotations
@@ -102,6 +107,24 @@ def designer_valid_rate(pool, params, cfg, chat, *, designs: int, seed: int = 0,
           "finished_rate": sum(gen.finished) / len(gen.finished)}
 
 
+def by_level(hf_dir: str, *, levels, episodes: int, temperature: float = 0.0,
+             families=()) -> dict:
+  """The agent's win rate at each of ``levels`` ({level: agent_win_rate's dict})."""
+  from spade_jax import models, sandbox  # pylint: disable=g-import-not-at-top
+  from spade_jax.envs.families import FAMILIES  # pylint: disable=g-import-not-at-top
+  from spade_jax.models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  families = tuple(families) or common.seen()
+  top = min(len(FAMILIES[f].knobs[0].levels) for f in families) - 1
+  bad = [lv for lv in levels if not 0 <= lv <= top]
+  if bad:
+    raise ValueError(f"levels {bad}: the families have levels 0..{top}.")
+  params, cfg = models.load_hf(hf_dir)
+  chat = models.ChatTemplate(load_tokenizer(hf_dir), thinking=False)
+  with sandbox.EnvPool(sandbox.SandboxConfig()) as pool:
+    return {lv: agent_win_rate(pool, params, cfg, chat, families=families, level=lv,
+                               episodes=episodes, temperature=temperature) for lv in levels}
+
+
 def starting_levels(hf_dir: str, *, episodes: int, designs: int, families=()) -> dict:
   """Loads ``hf_dir`` and measures the agent and the designer (see the module docstring);
   ``families``: the agent's families (default: every seen family)."""
@@ -125,3 +148,46 @@ def starting_levels(hf_dir: str, *, episodes: int, designs: int, families=()) ->
   out["params"] = int(sum(x.size for x in jax.tree.leaves(params)))
   out["seconds"] = time.time() - t0
   return out
+
+
+def main(argv):
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from experiments.mechanism import warm_start  # pylint: disable=g-import-not-at-top
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if not os.path.isfile(os.path.join(_HF.value, "config.json")):
+    raise app.UsageError(f"--hf={_HF.value!r}: not an HF checkpoint directory (a warm "
+                         "start's hf/).")
+  try:
+    levels = [int(x) for x in _LEVELS.value.split(",") if x.strip()]
+  except ValueError as e:
+    raise app.UsageError(f"--levels={_LEVELS.value!r}: expected integers like 0,1,2") from e
+  t0 = time.time()
+  res = by_level(_HF.value, levels=levels, episodes=_EPISODES.value,
+                 temperature=_TEMPERATURE.value,
+                 families=warm_start.parse_families(_FAMILIES.value))
+  for lv, r in res.items():
+    per = ", ".join(f"{f} {w:.2f}" for f, w in sorted(r["per_family"].items()))
+    print(f"level {lv}: win rate {r['win_rate']:.3f} ({per})")
+  print(f"{time.time() - t0:.0f} s")
+  if _JSON.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
+    with open(_JSON.value, "w") as f:
+      json.dump({"hf": _HF.value, "episodes": _EPISODES.value,
+                 "temperature": _TEMPERATURE.value,
+                 "levels": {str(k): v for k, v in res.items()}}, f, indent=1)
+
+
+if __name__ == "__main__":
+  from absl import app as _app  # pylint: disable=g-import-not-at-top
+  from absl import flags as _flags  # pylint: disable=g-import-not-at-top
+  _HF = _flags.DEFINE_string("hf", "", "An HF checkpoint directory (a warm start's hf/).")
+  _FAMILIES = _flags.DEFINE_string("families", "", "Seen families, comma-separated "
+                                   "(default: all).")
+  _LEVELS = _flags.DEFINE_string("levels", "0,1,2,3,4", "Difficulty levels, comma-separated.")
+  _EPISODES = _flags.DEFINE_integer("episodes", 40, "Episodes per family per level.")
+  _TEMPERATURE = _flags.DEFINE_float("temperature", 0.0, "0: greedy.")
+  _JSON = _flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
+  _app.run(main)

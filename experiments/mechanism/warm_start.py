@@ -252,7 +252,8 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
           measure_episodes: int, measure_designs: int, num_microbatches: int = 1,
           remat: str = "full", worked: bool = False, copy_rows: int = 0,
           init_from: str = "", induction_steps: int = 0, induction_lr: float = 1e-3,
-          induction_mix: int = 0, families=(), force: bool = False) -> dict:
+          induction_mix: int = 0, drill_rows: int = 0, families=(),
+          force: bool = False) -> dict:
   """Runs every stage not yet done; returns the measured levels.
 
   ``families``: a subset of the seen families that the agent transcripts play and the agent
@@ -297,6 +298,10 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
       from experiments.mechanism import copy_check  # pylint: disable=g-import-not-at-top
       rows = rows + copy_check.examples(induction_mix, 2, 0, None, INDUCTION["lengths"], ids)
       _log(f"mixed {induction_mix} short copy rows into the supervised rows")
+    if drill_rows:  # dense arithmetic for the worked steps' results
+      from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
+      rows = rows + data.arithmetic_examples(vocab, drill_rows, seed=0)
+      _log(f"mixed {drill_rows} arithmetic drill rows into the supervised rows")
     params = train(out, model_cfg, rows, steps=steps, batch_size=batch_size, seq_len=seq_len,
                    learning_rate=learning_rate, checkpoint_every=checkpoint_every,
                    micro=num_microbatches, remat=remat, init_from=init_from)
@@ -327,7 +332,8 @@ def main(argv):
             num_microbatches=_MICRO.value, remat=_REMAT.value, worked=_WORKED.value,
             copy_rows=_COPY.value, init_from=_INIT.value,
             induction_steps=_INDUCTION.value, induction_lr=_INDUCTION_LR.value,
-            induction_mix=_INDUCTION_MIX.value, families=_FAMILIES.value)
+            induction_mix=_INDUCTION_MIX.value, drill_rows=_DRILL.value,
+            families=_FAMILIES.value)
   if smoke:
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
@@ -358,15 +364,16 @@ def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
 DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4, remat="none", worked=False, copy_rows=0, init_from="",
-                induction_steps=0, induction_lr=1e-3, induction_mix=0, families="")
+                induction_steps=0, induction_lr=1e-3, induction_mix=0, drill_rows=0,
+                families="")
 SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
                    agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2,
-                   worked=True, induction_steps=2, induction_mix=16)
+                   worked=True, induction_steps=2, induction_mix=16, drill_rows=4)
 
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _DRILL, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
@@ -390,6 +397,9 @@ def _define_flags() -> None:
       "induction_steps", 0, "Stage 0: steps of short copy rows of random ids before the "
       "supervised rows, from which training starts (an in-context copying circuit).")
   _INDUCTION_LR = flags.DEFINE_float("induction_lr", 1e-3, "Peak learning rate of stage 0.")
+  _DRILL = flags.DEFINE_integer(
+      "drill_rows", 0, "Rows of worked arithmetic equations (arithmetic_chain's '19 + 7 = "
+      "26'), only the results trained, mixed into the supervised rows.")
   _INDUCTION_MIX = flags.DEFINE_integer(
       "induction_mix", 0, "Short copy rows of the data's ids (stage 0's kind) mixed into the "
       "supervised rows, so in-context copying is kept while the rest is learnt.")

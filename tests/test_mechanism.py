@@ -337,6 +337,13 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
     assert sum(v["steps"] for v in r["result_rate_by_operator"].values()) == r[
         "equation_steps"] <= r["worked_turns"]
   assert sum(r["worked_turns"] for r in diag.values()) > 0
+  from experiments.mechanism import measure
+  swept = measure.by_level(os.path.join(ws, "hf"), levels=(0, 4), episodes=1,
+                           families=("ordering",))
+  assert sorted(swept) == [0, 4] and all(0.0 <= r["win_rate"] <= 1.0 for r in swept.values())
+  assert all(sum(r["outcomes"].values()) == 1 for r in swept.values())
+  with pytest.raises(ValueError, match="levels 0..4"):
+    measure.by_level(os.path.join(ws, "hf"), levels=(5,), episodes=1, families=("ordering",))
   probe = diagnose.copy_probe(ws, rows=2, length=8)
   assert set(probe) == {"first_top1", "repeat_top1"}
   assert all(0.0 <= v <= 1.0 for v in probe.values())

@@ -339,7 +339,10 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   assert sum(r["worked_turns"] for r in diag.values()) > 0
   from experiments.mechanism import measure
   swept = measure.by_level(os.path.join(ws, "hf"), levels=(0, 4), episodes=1,
-                           families=("ordering",))
+                           families=("ordering",), keep=1)
+  for r in swept.values():  # the whole episode's text, every turn
+    (shown,) = r["transcripts"]
+    assert shown["family"] == "ordering" and shown["text"].count("<|im_start|>user") >= 1
   assert sorted(swept) == [0, 4] and all(0.0 <= r["win_rate"] <= 1.0 for r in swept.values())
   assert all(sum(r["outcomes"].values()) == 1 for r in swept.values())
   with pytest.raises(ValueError, match="levels 0..4"):
@@ -386,3 +389,6 @@ def test_diagnose_finds_turns_and_the_boxed_answer():
   assert diagnose.operator("59 + 6 =") == "+" and diagnose.operator("3 * 4") == "*"
   assert diagnose.operator("-11 - 4 =") == "-" and diagnose.operator("-11 * 2 =") == "*"
   assert diagnose.operator("x is y") == "?"
+  from experiments.mechanism import measure
+  ids = vocab.encode("ab") + [vocab.eos_id] + vocab.encode("cd")
+  assert measure.transcript(vocab, ids) == "ab<|im_end|>cd"

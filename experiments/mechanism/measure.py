@@ -10,7 +10,7 @@
 Run alone, it measures a checkpoint's agent at every difficulty level:
 
   python -m experiments.mechanism.measure --hf=DIR [--families=a,b] [--levels=0,1,2,3,4]
-      [--episodes=40] [--temperature=0] [--json=PATH]
+      [--episodes=40] [--temperature=0] [--show=0] [--json=PATH]
 """
 
 from __future__ import annotations
@@ -50,9 +50,23 @@ def family_of(source: str) -> tuple[str | None, int | None]:
   return None, None
 
 
+def transcript(vocab, ids, end: str = "<|im_end|>") -> str:
+  """The whole text of an episode's ids (``vocab.decode`` stops at the first end of turn)."""
+  parts, cur = [], []
+  for i in ids:
+    if int(i) == vocab.eos_id:
+      parts.append(vocab.decode(cur))
+      cur = []
+    else:
+      cur.append(int(i))
+  return end.join(parts + [vocab.decode(cur)])
+
+
 def agent_win_rate(pool, params, cfg, chat, *, families, level: int, episodes: int,
-                   temperature: float, seed: int = 0, max_slots: int = 32) -> dict:
-  """Win rate of the policy on ``episodes`` episodes per family at ``level``."""
+                   temperature: float, seed: int = 0, max_slots: int = 32,
+                   keep: int = 0) -> dict:
+  """Win rate of the policy on ``episodes`` episodes per family at ``level``; ``keep``: the
+  text of that many episodes per family is returned too (``transcripts``)."""
   from spade_jax import designer as dz  # pylint: disable=g-import-not-at-top
   from spade_jax.envs.families import FAMILIES  # pylint: disable=g-import-not-at-top
   from spade_jax.sampling import Sampler  # pylint: disable=g-import-not-at-top
@@ -67,9 +81,19 @@ def agent_win_rate(pool, params, cfg, chat, *, families, level: int, episodes: i
   per = collections.defaultdict(list)
   for ep in eps:
     per[families[ep.spec.env]].append(ep.solved)
-  return {"win_rate": sum(ep.solved for ep in eps) / len(eps),
-          "per_family": {f: sum(v) / len(v) for f, v in per.items()},
-          "outcomes": dict(collections.Counter(ep.outcome for ep in eps))}
+  out = {"win_rate": sum(ep.solved for ep in eps) / len(eps),
+         "per_family": {f: sum(v) / len(v) for f, v in per.items()},
+         "outcomes": dict(collections.Counter(ep.outcome for ep in eps))}
+  if keep:
+    shown = collections.Counter()
+    out["transcripts"] = []
+    for ep in eps:
+      fam = families[ep.spec.env]
+      if shown[fam] < keep:
+        shown[fam] += 1
+        out["transcripts"].append({"family": fam, "outcome": ep.outcome,
+                                   "text": transcript(chat.vocab, ep.tokens)})
+  return out
 
 
 def designer_valid_rate(pool, params, cfg, chat, *, designs: int, seed: int = 0,
@@ -108,7 +132,7 @@ def designer_valid_rate(pool, params, cfg, chat, *, designs: int, seed: int = 0,
 
 
 def by_level(hf_dir: str, *, levels, episodes: int, temperature: float = 0.0,
-             families=()) -> dict:
+             families=(), keep: int = 0) -> dict:
   """The agent's win rate at each of ``levels`` ({level: agent_win_rate's dict})."""
   from spade_jax import models, sandbox  # pylint: disable=g-import-not-at-top
   from spade_jax.envs.families import FAMILIES  # pylint: disable=g-import-not-at-top
@@ -122,7 +146,8 @@ def by_level(hf_dir: str, *, levels, episodes: int, temperature: float = 0.0,
   chat = models.ChatTemplate(load_tokenizer(hf_dir), thinking=False)
   with sandbox.EnvPool(sandbox.SandboxConfig()) as pool:
     return {lv: agent_win_rate(pool, params, cfg, chat, families=families, level=lv,
-                               episodes=episodes, temperature=temperature) for lv in levels}
+                               episodes=episodes, temperature=temperature, keep=keep)
+            for lv in levels}
 
 
 def starting_levels(hf_dir: str, *, episodes: int, designs: int, families=()) -> dict:
@@ -167,8 +192,10 @@ def main(argv):
   t0 = time.time()
   res = by_level(_HF.value, levels=levels, episodes=_EPISODES.value,
                  temperature=_TEMPERATURE.value,
-                 families=warm_start.parse_families(_FAMILIES.value))
+                 families=warm_start.parse_families(_FAMILIES.value), keep=_SHOW.value)
   for lv, r in res.items():
+    for t in r.get("transcripts", []):
+      print(f"--- level {lv}, {t['family']}, {t['outcome']} ---\n{t['text']}")
     per = ", ".join(f"{f} {w:.2f}" for f, w in sorted(r["per_family"].items()))
     print(f"level {lv}: win rate {r['win_rate']:.3f} ({per})")
   print(f"{time.time() - t0:.0f} s")
@@ -190,4 +217,6 @@ if __name__ == "__main__":
   _EPISODES = _flags.DEFINE_integer("episodes", 40, "Episodes per family per level.")
   _TEMPERATURE = _flags.DEFINE_float("temperature", 0.0, "0: greedy.")
   _JSON = _flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
+  _SHOW = _flags.DEFINE_integer("show", 0, "Print (and keep in the JSON) the text of this "
+                                "many episodes per family per level.")
   _app.run(main)

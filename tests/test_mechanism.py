@@ -149,6 +149,48 @@ def test_arithmetic_drill_rows_are_right_and_train_only_results():
   assert signs == {"+", "-", "*"} and negative > 0
 
 
+def test_equation_drill_rows_come_from_every_worked_familys_steps(chat, pool):
+  """``equation_examples``: every line is a right ``a op b = c`` ("/" floors), its operands
+  are ones the worked steps hold for that operator, only the results are trained, and the
+  lines cover the operators of every family whose worked steps hold equations."""
+  from experiments.mechanism import warm_start
+  kw = dict(families=common.seen(), levels=range(5), p=0.15, p_hinted=0.05,
+            hinted_frac=0.5, max_turns=common.MAX_TURNS)
+  rows = data.agent_examples(pool, chat, 60, seed=3, worked=True, **kw)
+  eqs = data.equations(rows)
+  fams = {f for f, _ in eqs}
+  assert {"arithmetic_chain", "prime_factors", "guess_number"} <= fams, fams
+  assert "grid_path" not in fams and "pet_owners" not in fams  # no equations in their steps
+  vocab = chat.vocab
+  drill = data.equation_examples(vocab, rows, 30, seed=1, lines=12)
+  assert drill == data.equation_examples(vocab, rows, 30, seed=1, lines=12)  # seeded
+  ops = set()
+  for r in drill:
+    assert r.tokens[-1] == vocab.eos_id and r.mask[-1] and r.role == data.AGENT
+    text = vocab.decode(r.tokens[:-1])
+    trained = "".join(vocab.decode([t]) for t, m in zip(r.tokens[:-1], r.mask) if m)
+    results = []
+    for line in text.splitlines():
+      left, result = line.split(" = ")
+      a, op, b = left.split(" ")
+      a, b = int(a), int(b)
+      want = {"+": a + b, "-": a - b, "*": a * b, "/": a // b if b else None}[op]
+      assert int(result) == want, line
+      assert any(k[1] == op and a in v[0] for k, v in eqs.items()), line
+      assert any(k[1] == op and b in v[1] for k, v in eqs.items()), line
+      ops.add(op)
+      results.append(" " + result + "\n")
+    assert len(results) == 12 and trained == "".join(results)
+  assert ops == {"+", "-", "*", "/"}
+  # the bare transcripts record no worked step: the build says how to get them
+  bare = data.agent_examples(pool, chat, 6, seed=3, **kw)
+  with pytest.raises(ValueError, match="--worked"):
+    warm_start.drill_examples("OUT", vocab, bare, "equations", 4)
+  with pytest.raises(ValueError, match="expected one of"):
+    warm_start.drill_examples("OUT", vocab, rows, "algebra", 4)
+  assert len(warm_start.drill_examples("OUT", vocab, rows, "equations", 4)) == 4
+
+
 def test_copy_check_rows_and_a_short_run(tmp_path):
   from experiments.mechanism import copy_check  # pylint: disable=g-import-not-at-top
   fixed = copy_check.examples(5, 0, alphabet=20, fixed_len=30)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -160,9 +161,11 @@ def _play(pool, chat, system, plays, rng, p, p_hinted, max_turns, worked) -> lis
       actions = []
       for i, plan, work in zip(live, plans, works):
         fam, knobs, _, _ = plays[i]
+        step = work.value if work is not None and work.ok else None
         text = noisy_action(fam, plan.value if plan.ok else None, rng,
-                            p_hinted if hints[i] else p, knobs,
-                            work.value if work is not None and work.ok else None)
+                            p_hinted if hints[i] else p, knobs, step)
+        if worked and isinstance(step, str) and step:
+          rows[i].meta.setdefault("works", []).append(step)
         _add(rows[i], chat.vocab.encode(text) + [chat.vocab.eos_id], True)
         actions.append(text)
       still = []
@@ -237,6 +240,70 @@ def arithmetic_examples(vocab, n: int, seed: int, *, lines: int = 32) -> list[Ex
       _add(ex, vocab.encode(f"{value} {sign} {operand} ="), False)
       _add(ex, vocab.encode(f" {result}\n"), True)
       value, left = result, left - 1
+    _add(ex, [vocab.eos_id], True)
+    out.append(ex)
+  return out
+
+
+# One binary equation of a worked step, "a op b = c", standing alone in its step: at the
+# start or after ", " or ": " (so "a - 2 * b = k" gives none, "2 * a = c" one).
+_EQUATION = re.compile(r"(?:^|, |: )(-?\d+) ([-+*/]) (-?\d+) = (-?\d+)(?=,|$)")
+
+
+def _calc(a: int, op: str, b: int) -> int | None:
+  """``a op b`` as the families' worked steps compute it ("/" is floor division)."""
+  if op == "/":
+    return a // b if b else None
+  return {"+": a + b, "-": a - b, "*": a * b}[op]
+
+
+def equations(rows: Sequence[Example]) -> dict[tuple[str, str], tuple[list[int], list[int]]]:
+  """{(family, op): (left operands, right operands)} of every binary equation, with a right
+  result, in the worked steps of ``rows`` (agent rows built with ``worked=True``)."""
+  out: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+  for r in rows:
+    for w in r.meta.get("works", ()):
+      for a, op, b, c in _EQUATION.findall(w):
+        if _calc(int(a), op, int(b)) == int(c):
+          left, right = out.setdefault((r.meta["family"], op), ([], []))
+          left.append(int(a))
+          right.append(int(b))
+  return out
+
+
+def equation_examples(vocab, rows: Sequence[Example], n: int, seed: int, *,
+                      lines: int = 32) -> list[Example]:
+  """``n`` drill rows of ``lines`` fresh equations each, drawn from the worked steps of the
+  agent ``rows`` (scripted transcripts built with ``worked=True``; ``meta["works"]``).
+
+  The generalisation of :func:`arithmetic_examples` to every worked family: a family and
+  operator are drawn as often as the steps use them, the operands independently from the
+  left and right operands that family's steps hold for that operator, so the lines cover
+  each family's ranges (and combinations its transcripts never hold); ``a / b`` is floor
+  division, as in ``guess_number``'s halving. Only each result (and its newline) is
+  trained. Worked steps with no binary equation (``grid_path``'s positions,
+  ``base_convert``'s ``r = d * p + s``) add nothing.
+  """
+  ops = equations(rows)
+  if not ops:
+    raise ValueError("no worked step holds an equation like '19 + 7 = 26'; build the agent "
+                     "rows with --worked, over families that have worked steps")
+  keys = sorted(ops)
+  weights = [len(ops[k][0]) for k in keys]
+  rng = random.Random(f"equations:{seed}")
+  out = []
+  for _ in range(n):
+    ex = Example([], [], AGENT, {"family": "equations"})
+    for _ in range(lines):
+      key = rng.choices(keys, weights)[0]
+      left, right = ops[key]
+      a, b = rng.choice(left), rng.choice(right)
+      c = _calc(a, key[1], b)
+      while c is None:  # a zero divisor
+        b = rng.choice(right)
+        c = _calc(a, key[1], b)
+      _add(ex, vocab.encode(f"{a} {key[1]} {b} ="), False)
+      _add(ex, vocab.encode(f" {c}\n"), True)
     _add(ex, [vocab.eos_id], True)
     out.append(ex)
   return out

@@ -241,6 +241,26 @@ def induction(out: str, *, smoke: bool, steps: int, learning_rate: float,
   return path
 
 
+DRILLS = ("arithmetic", "equations")
+
+
+def drill_examples(out: str, vocab, rows, drill: str, n: int) -> list:
+  """``n`` drill rows of kind ``drill``: ``arithmetic`` (``arithmetic_chain``'s chains,
+  :func:`data.arithmetic_examples`) or ``equations`` (every worked family's equations, drawn
+  from the worked steps of the agent ``rows``, :func:`data.equation_examples`)."""
+  from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
+  if drill == "arithmetic":
+    return data.arithmetic_examples(vocab, n, seed=0)
+  if drill != "equations":
+    raise ValueError(f"drill={drill!r}: expected one of {DRILLS}")
+  agent = [r for r in rows if r.role == data.AGENT]
+  if agent and not any("works" in r.meta for r in agent):
+    raise ValueError(f"{out}/data.pkl records no worked steps (agent rows built without "
+                     "--worked, or by an older build); pass --worked and --force, or use "
+                     "another --out")
+  return data.equation_examples(vocab, agent, n, seed=0)
+
+
 def export(out: str, params, model_cfg, tokenizer_dir: str) -> str:
   """Writes ``out/hf`` (weights + tokenizer) atomically."""
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
@@ -252,8 +272,8 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
           measure_episodes: int, measure_designs: int, num_microbatches: int = 1,
           remat: str = "full", worked: bool = False, copy_rows: int = 0,
           init_from: str = "", induction_steps: int = 0, induction_lr: float = 1e-3,
-          induction_mix: int = 0, drill_rows: int = 0, families=(),
-          force: bool = False) -> dict:
+          induction_mix: int = 0, drill_rows: int = 0, drill: str = "arithmetic",
+          families=(), force: bool = False) -> dict:
   """Runs every stage not yet done; returns the measured levels.
 
   ``families``: a subset of the seen families that the agent transcripts play and the agent
@@ -299,9 +319,8 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
       rows = rows + copy_check.examples(induction_mix, 2, 0, None, INDUCTION["lengths"], ids)
       _log(f"mixed {induction_mix} short copy rows into the supervised rows")
     if drill_rows:  # dense arithmetic for the worked steps' results
-      from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
-      rows = rows + data.arithmetic_examples(vocab, drill_rows, seed=0)
-      _log(f"mixed {drill_rows} arithmetic drill rows into the supervised rows")
+      rows = rows + drill_examples(out, vocab, rows, drill, drill_rows)
+      _log(f"mixed {drill_rows} {drill} drill rows into the supervised rows")
     params = train(out, model_cfg, rows, steps=steps, batch_size=batch_size, seq_len=seq_len,
                    learning_rate=learning_rate, checkpoint_every=checkpoint_every,
                    micro=num_microbatches, remat=remat, init_from=init_from)
@@ -333,7 +352,7 @@ def main(argv):
             copy_rows=_COPY.value, init_from=_INIT.value,
             induction_steps=_INDUCTION.value, induction_lr=_INDUCTION_LR.value,
             induction_mix=_INDUCTION_MIX.value, drill_rows=_DRILL.value,
-            families=_FAMILIES.value)
+            drill=_DRILL_KIND.value, families=_FAMILIES.value)
   if smoke:
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
@@ -365,7 +384,7 @@ DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, desig
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4, remat="none", worked=False, copy_rows=0, init_from="",
                 induction_steps=0, induction_lr=1e-3, induction_mix=0, drill_rows=0,
-                families="")
+                drill="arithmetic", families="")
 SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
                    agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2,
                    worked=True, induction_steps=2, induction_mix=16, drill_rows=4)
@@ -373,7 +392,7 @@ SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, desi
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _DRILL, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
@@ -398,8 +417,12 @@ def _define_flags() -> None:
       "supervised rows, from which training starts (an in-context copying circuit).")
   _INDUCTION_LR = flags.DEFINE_float("induction_lr", 1e-3, "Peak learning rate of stage 0.")
   _DRILL = flags.DEFINE_integer(
-      "drill_rows", 0, "Rows of worked arithmetic equations (arithmetic_chain's '19 + 7 = "
-      "26'), only the results trained, mixed into the supervised rows.")
+      "drill_rows", 0, "Rows of worked arithmetic equations ('19 + 7 = 26'), only the "
+      "results trained, mixed into the supervised rows (--drill says which).")
+  _DRILL_KIND = flags.DEFINE_enum(
+      "drill", "arithmetic", list(DRILLS), "The drill rows' equations: 'arithmetic' "
+      "(arithmetic_chain's chains) or 'equations' (those of every worked family's steps, "
+      "operands drawn from the agent rows' worked steps; needs --worked).")
   _INDUCTION_MIX = flags.DEFINE_integer(
       "induction_mix", 0, "Short copy rows of the data's ids (stage 0's kind) mixed into the "
       "supervised rows, so in-context copying is kept while the rest is learnt.")

@@ -389,6 +389,19 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   assert all(sum(r["outcomes"].values()) == 1 for r in swept.values())
   with pytest.raises(ValueError, match="levels 0..4"):
     measure.by_level(os.path.join(ws, "hf"), levels=(5,), episodes=1, families=("ordering",))
+  fit = diagnose.designer_fit(ws, rows_per_family=1)
+  assert fit and all(r["rows"] == 1 and r["program_tokens"] > 100 for r in fit.values())
+  for r in fit.values():  # a whole program right implies every token right
+    assert 0.0 <= r["whole_rate"] <= r["top1_rate"] <= 1.0 and r["nats_per_token"] > 0
+    assert 0 <= r["first_miss_median"] <= r["program_tokens"]
+    assert (r["misses_beyond_knobs"] == 0) == (r["whole_rate"] == 1.0)
+  fam = FAMILIES["arithmetic_chain"]
+  vocab, program = ByteVocab(), fam.program(**fam.levels(2))
+  ids = vocab.encode(data.designer_reply(program))
+  knobs = diagnose.knob_tokens(ids, vocab)  # the knob values' bytes (TURNS too), nothing else
+  turns = program.split("\nTURNS = ")[1].split()[0]
+  assert vocab.decode([i for i, k in zip(ids, knobs) if k]) == "".join(
+      str(v) for v in fam.levels(2).values()) + turns
   probe = diagnose.copy_probe(ws, rows=2, length=8)
   assert set(probe) == {"first_top1", "repeat_top1"}
   assert all(0.0 <= v <= 1.0 for v in probe.values())

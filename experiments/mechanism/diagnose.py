@@ -1,6 +1,7 @@
 r"""What the warm-started agent has learned, per family: its greedy action on the training data.
 
-  python -m experiments.mechanism.diagnose [--rows=24] [--json=PATH] [--smoke] [--out=DIR]
+  python -m experiments.mechanism.diagnose [--rows=24] [--designs=4] [--json=PATH] [--smoke]
+      [--out=DIR]
 
 Reads the warm start's cached agent transcripts (``data.pkl``: the scripted player's
 episodes) and its checkpoint (``hf/``) and, teacher-forced on each transcript, asks for
@@ -16,7 +17,8 @@ spaces either side in the setup). A model that has the format but not the decisi
 shows a high format rate and a low action rate. Last, a copy probe: random digit strings
 followed by themselves; a model that copies in context predicts the repeat. The player
 slips on ~10% of turns (``warm_start.P_SLIP``), so 90% is about the best possible action
-rate.
+rate. Then, per family, how near the model is to the designer rows' programs
+(``designer_fit``: teacher-forced top-1 rate, whole programs right, the first miss).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from absl import app
 from absl import flags
 
 _ROWS = flags.DEFINE_integer("rows", 24, "Transcripts per family.")
+_DESIGNS = flags.DEFINE_integer("designs", 4, "Designer rows per family (0: none).")
 _JSON = flags.DEFINE_string("json", "", "Also write the figures to this JSON file.")
 _SMOKE = flags.DEFINE_bool("smoke", False, "Use the smoke warm start.")
 _OUT = flags.DEFINE_string("out", "", "A warm-start build directory (default: the cache's, "
@@ -168,6 +171,83 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
   return out
 
 
+def designer_fit(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
+  """Per family, how near the model is to writing the designer rows' programs: teacher-forced
+  on ``rows_per_family`` cached designer rows (``data.pkl``), the share of program tokens
+  whose arg-max is the program's token, the nats per program token, the mean count of
+  missed tokens outside the knob values (``knob_tokens``: drawn at random, so unpredictable),
+  the share of rows with none, and the median index of the first missed token (knob values
+  included). A model that blends the families of a skill misses from the title on, where
+  the program says which one it is."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  from spade_jax.models.qwen3 import forward, segment_mask  # pylint: disable=g-import-not-at-top
+  from spade_jax.models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
+  with open(os.path.join(out_dir, "data.pkl"), "rb") as f:
+    rows = [r for r in pickle.load(f) if r.role == data.DESIGNER]
+  if rows_per_family <= 0 or not rows:  # none asked for, or an agent-only build
+    return {}
+  params, cfg = models.load_hf(os.path.join(out_dir, "hf"))
+  vocab = load_tokenizer(os.path.join(out_dir, "hf"))
+  by_family = collections.defaultdict(list)
+  for r in rows:
+    by_family[r.meta["family"]].append(r)
+
+  @jax.jit
+  def predict(tokens):
+    T = tokens.shape[1]
+    logits, _ = forward(params, cfg, tokens, jnp.arange(T)[None], segment_mask(
+        jnp.ones_like(tokens)))
+    return jnp.argmax(logits, -1), jax.nn.log_softmax(logits, -1)
+
+  rng = np.random.default_rng(seed)
+  out = {}
+  for family in sorted(by_family):
+    pool = by_family[family]
+    pick = rng.choice(len(pool), min(rows_per_family, len(pool)), replace=False)
+    hits = n_tok = whole = 0
+    nll, first, misses = 0.0, [], []
+    for k in pick:
+      ex = pool[int(k)]
+      a = ex.mask.index(True)
+      width = 1 << (len(ex.tokens) - 1).bit_length()
+      t = np.zeros((1, width), np.int32)
+      t[0, :len(ex.tokens)] = ex.tokens
+      am, lp = jax.device_get(predict(jnp.asarray(t)))
+      target = np.asarray(ex.tokens[a:])
+      ok = am[0, a - 1:len(ex.tokens) - 1] == target
+      fixed = ~knob_tokens(target.tolist(), vocab)
+      hits += int(ok.sum())
+      n_tok += len(target)
+      whole += int(ok[fixed].all())
+      misses.append(int((~ok[fixed]).sum()))
+      first.append(int(np.argmin(ok)) if not ok.all() else len(target))
+      nll -= float(lp[0, np.arange(a - 1, len(ex.tokens) - 1), target].sum())
+    out[family] = {"rows": len(pick), "program_tokens": n_tok / max(len(pick), 1),
+                   "top1_rate": hits / max(n_tok, 1), "nats_per_token": nll / max(n_tok, 1),
+                   "misses_beyond_knobs": float(np.mean(misses)) if misses else 0.0,
+                   "whole_rate": whole / max(len(pick), 1),
+                   "first_miss_median": float(np.median(first)) if first else 0.0}
+  return out
+
+
+def knob_tokens(tokens, vocab):
+  """Which of a program's ``tokens`` hold a knob's value (``NAME = 12`` at a line's start):
+  the values a designer row draws at random, so no model predicts them from the prompt."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  pieces = [vocab.decode([t]) for t in tokens]
+  text = "".join(pieces)
+  spans = [m.span(1) for m in re.finditer(r"^[A-Z][A-Z_0-9]* = (-?\d+)", text, re.M)]
+  out, pos = np.zeros(len(tokens), bool), 0
+  for i, p in enumerate(pieces):
+    out[i] = any(pos < e and s < pos + len(p) for s, e in spans)
+    pos += len(p)
+  return out
+
+
 def copy_probe(out_dir: str, rows: int = 8, length: int = 40, seed: int = 0) -> dict:
   """Whether the model copies in context: ``rows`` random digit strings of ``length``
   digits, each followed by itself; the arg-max next-digit accuracy on the first copy
@@ -205,13 +285,21 @@ def main(argv):
                       for k, v in r["result_rate_by_operator"].items())
       print(f"{fam}: {r['equation_steps']} worked equations, setup right {r['setup_rate']:.2f}, "
             f"result right given it {r['result_rate']:.2f}; by operator: {ops}")
+  fit = designer_fit(_OUT.value or common.warm_start_dir(_SMOKE.value), _DESIGNS.value)
+  if fit:
+    print(f"{'designer rows':18s} {'rows':>5s} {'tokens':>6s} {'top-1':>6s} {'misses':>6s} "
+          f"{'none':>5s} {'1st miss':>8s} {'nats/tok':>8s}")
+  for fam, r in fit.items():
+    print(f"{fam:18s} {r['rows']:5d} {r['program_tokens']:6.0f} {r['top1_rate']:6.3f} "
+          f"{r['misses_beyond_knobs']:6.1f} {r['whole_rate']:5.2f} "
+          f"{r['first_miss_median']:8.0f} {r['nats_per_token']:8.3f}")
   probe = copy_probe(_OUT.value or common.warm_start_dir(_SMOKE.value))
   print(f"copy probe (next digit, arg-max): first copy {probe['first_top1']:.2f}, repeat "
         f"{probe['repeat_top1']:.2f}")
   if _JSON.value:
     os.makedirs(os.path.dirname(os.path.abspath(_JSON.value)), exist_ok=True)
     with open(_JSON.value, "w") as f:
-      json.dump({**res, "copy_probe": probe}, f, indent=1)
+      json.dump({**res, "designer": fit, "copy_probe": probe}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -44,6 +44,20 @@ def test_designer_rows_train_only_a_valid_family_program(chat, tmp_path, pool):
                                  for r in rows[:2]], pool,
                                 envs.ValidationConfig(max_turns=common.MAX_TURNS))
   assert all(v.valid for v in verdicts), [v.reason for v in verdicts]
+  # per skill, a skill's families share its rows; per family, each family has its share
+  import collections
+  kw = dict(families=common.seen(), budget=None)
+  corpus = data.corpus(str(tmp_path), seed=0)
+  by_skill = collections.Counter(r.meta["skill"] for r in data.designer_examples(
+      chat, corpus, 40, seed=0, **kw))
+  assert set(by_skill.values()) == {40 // len(common.skills())}
+  by_family = collections.Counter((r.meta["family"], r.meta["skill"]) for r in
+                                  data.designer_examples(chat, corpus, 40, seed=0,
+                                                         balance="family", **kw))
+  assert set(by_family.values()) == {40 // len(common.seen())}
+  assert all(FAMILIES[f].skill == s for f, s in by_family)
+  with pytest.raises(ValueError, match="expected one of"):
+    data.designer_examples(chat, corpus, 1, seed=0, balance="skills", **kw)
 
 
 def test_agent_rows_are_the_self_play_conversation(chat, pool):

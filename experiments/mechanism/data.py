@@ -65,6 +65,9 @@ def random_knobs(family: Family, rng: random.Random) -> dict[str, int]:
   return family.levels()
 
 
+BALANCES = ("skill", "family")  # how designer rows share out over the families
+
+
 def designer_reply(program: str) -> str:
   """The designer's reply text for ``program`` (what the run's extractor reads back)."""
   return f"```python\n{program.rstrip()}\n```"
@@ -72,16 +75,26 @@ def designer_reply(program: str) -> str:
 
 def designer_examples(chat: ChatTemplate, corpus, n: int, seed: int, *,
                       families: Sequence[str], budget: int | None, num_exemplars: int = 1,
-                      setting: str = "games") -> list[Example]:
-  """``n`` designer rows over the skills of ``families`` (round-robin)."""
+                      setting: str = "games", balance: str = "skill") -> list[Example]:
+  """``n`` designer rows over ``families``: ``balance="skill"`` takes the skills round-robin
+  and a family of the skill at random (a skill's families share its rows, as they share
+  the run's prompts for it); ``"family"`` takes the families round-robin (each its
+  ``n / len(families)`` rows, the prompt asking for the family's skill)."""
+  if balance not in BALANCES:
+    raise ValueError(f"balance={balance!r}: expected one of {BALANCES}")
   rng = random.Random(f"designer:{seed}")
   skills = by_skill(families)
   order = sorted(skills)
+  names = sorted(set(families))
   count = lambda t: len(chat.prompt(None, t))
   out = []
   for i in range(n):
-    skill = order[i % len(order)]
-    fam = FAMILIES[rng.choice(skills[skill])]
+    if balance == "family":
+      fam = FAMILIES[names[i % len(names)]]
+      skill = fam.skill
+    else:
+      skill = order[i % len(order)]
+      fam = FAMILIES[rng.choice(skills[skill])]
     knobs = random_knobs(fam, rng)
     exemplars = []
     if rng.random() < 0.5:

@@ -83,27 +83,34 @@ def build_tokenizer(out: str, vocab_size: int, worked: bool = False) -> str:
 
 
 def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
-               worked: bool = False, copy_rows: int = 0, families=()) -> list:
+               worked: bool = False, copy_rows: int = 0, families=(),
+               designer_balance: str = "skill") -> list:
   """The supervised rows (cached in ``out/data.pkl``); ``families``: the seen families the
-  agent transcripts play (all of them when empty)."""
+  agent transcripts play (all of them when empty); ``designer_balance``: how the designer
+  rows share out over the seen families (``data.designer_examples``'s ``balance``)."""
   from spade_jax import sandbox  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import common, data  # pylint: disable=g-import-not-at-top
   families = tuple(families) or common.seen()
   path = os.path.join(out, "data.pkl")
   if os.path.isfile(path):
     stats = os.path.join(out, "data_stats.json")
-    cached = json.load(open(stats)).get("families") if os.path.isfile(stats) else None
+    cached = json.load(open(stats)) if os.path.isfile(stats) else {}
     want = sorted(families)
-    if cached is not None and cached != want:
-      raise ValueError(f"{path} holds transcripts of {cached}, not of {want}; use another "
-                       f"--out, or --force to rebuild the data")
+    if cached.get("families") is not None and cached["families"] != want:
+      raise ValueError(f"{path} holds transcripts of {cached['families']}, not of {want}; use "
+                       f"another --out, or --force to rebuild the data")
+    if cached and cached.get("designer_balance", "skill") != designer_balance:
+      raise ValueError(f"{path} holds designer rows balanced by "
+                       f"{cached.get('designer_balance', 'skill')}, not by {designer_balance}; "
+                       f"use another --out, or --force to rebuild the data")
     with open(path, "rb") as f:
       return pickle.load(f)
   t0 = time.time()
   _log(f"writing {designer_rows} designer rows")
   rows = data.designer_examples(chat, data.corpus(out, seed=0), designer_rows, seed=0,
                                 families=common.seen(), budget=common.DESIGNER_PROMPT_TOKENS,
-                                num_exemplars=common.NUM_EXEMPLARS)
+                                num_exemplars=common.NUM_EXEMPLARS,
+                                balance=designer_balance)
   _log(f"playing {agent_rows} scripted agent episodes in the sandbox")
   with sandbox.EnvPool(sandbox.SandboxConfig()) as pool:
     for start in range(0, agent_rows, 1000):
@@ -116,7 +123,8 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
   if copy_rows:
     _log(f"writing {copy_rows} copy rows")
     rows += data.copy_examples(chat.vocab, copy_rows, seed=0)
-  stats = {"designer_rows": designer_rows, "agent_rows": len(agent), "worked": worked,
+  stats = {"designer_rows": designer_rows, "designer_balance": designer_balance,
+           "agent_rows": len(agent), "worked": worked,
            "families": sorted(families),
            "copy_rows": copy_rows,
            "scripted_win_rate": (sum(r.meta.get("solved", False) for r in agent)
@@ -273,7 +281,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
           remat: str = "full", worked: bool = False, copy_rows: int = 0,
           init_from: str = "", induction_steps: int = 0, induction_lr: float = 1e-3,
           induction_mix: int = 0, drill_rows: int = 0, drill: str = "arithmetic",
-          families=(), force: bool = False) -> dict:
+          designer_balance: str = "skill", families=(), force: bool = False) -> dict:
   """Runs every stage not yet done; returns the measured levels.
 
   ``families``: a subset of the seen families that the agent transcripts play and the agent
@@ -308,7 +316,8 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   hf = os.path.join(out, "hf")
   if not os.path.isfile(os.path.join(hf, "config.json")):
     rows = build_data(out, chat, designer_rows=designer_rows, agent_rows=agent_rows,
-                      worked=worked, copy_rows=copy_rows, families=families)
+                      worked=worked, copy_rows=copy_rows, families=families,
+                      designer_balance=designer_balance)
     ids = data_ids(rows) if induction_steps or induction_mix else None
     if induction_steps:
       init_from = induction(out, smoke=smoke, steps=induction_steps,
@@ -352,7 +361,8 @@ def main(argv):
             copy_rows=_COPY.value, init_from=_INIT.value,
             induction_steps=_INDUCTION.value, induction_lr=_INDUCTION_LR.value,
             induction_mix=_INDUCTION_MIX.value, drill_rows=_DRILL.value,
-            drill=_DRILL_KIND.value, families=_FAMILIES.value)
+            drill=_DRILL_KIND.value, designer_balance=_BALANCE.value,
+            families=_FAMILIES.value)
   if smoke:
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
@@ -384,7 +394,7 @@ DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, desig
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4, remat="none", worked=False, copy_rows=0, init_from="",
                 induction_steps=0, induction_lr=1e-3, induction_mix=0, drill_rows=0,
-                drill="arithmetic", families="")
+                drill="arithmetic", designer_balance="skill", families="")
 SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
                    agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2,
                    worked=True, induction_steps=2, induction_mix=16, drill_rows=4)
@@ -392,7 +402,7 @@ SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, desi
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _BALANCE, _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
@@ -402,6 +412,9 @@ def _define_flags() -> None:
                              "no slower).")
   _LR = flags.DEFINE_float("learning_rate", 2e-3, "Peak learning rate (cosine decay).")
   _DESIGNER = flags.DEFINE_integer("designer_rows", 1000, "Designer prompt -> program rows.")
+  _BALANCE = flags.DEFINE_enum(
+      "designer_balance", "skill", ["skill", "family"], "Designer rows per skill, a skill's "
+      "families sharing its rows ('skill'), or per family ('family').")
   _AGENT = flags.DEFINE_integer("agent_rows", 4000, "Agent transcripts.")
   _WORKED = flags.DEFINE_bool("worked", False,
                               "Agent turns that follow the plan write the family's worked step "

@@ -84,14 +84,37 @@ def operator(text: str) -> str:
   return m.group(0) if m else "?"
 
 
-def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
-  """Per-family action rate, format rate and nats per trained token (see the docstring)."""
+def predictor(out_dir: str):
+  """(predict, vocab) of the build's ``hf/``: ``predict(tokens)`` runs one row
+  teacher-forced (padded to a power of two, so few shapes compile) and returns the arg-max
+  and the log-probabilities at each of its positions, as NumPy arrays."""
   import jax  # pylint: disable=g-import-not-at-top
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
   from spade_jax import models  # pylint: disable=g-import-not-at-top
   from spade_jax.models.qwen3 import forward, segment_mask  # pylint: disable=g-import-not-at-top
   from spade_jax.models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
+  params, cfg = models.load_hf(os.path.join(out_dir, "hf"))
+
+  @jax.jit
+  def run(tokens):
+    T = tokens.shape[1]
+    logits, _ = forward(params, cfg, tokens, jnp.arange(T)[None], segment_mask(
+        jnp.ones_like(tokens)))
+    return jnp.argmax(logits, -1), jax.nn.log_softmax(logits, -1)
+
+  def predict(tokens):
+    t = np.zeros((1, 1 << (len(tokens) - 1).bit_length()), np.int32)
+    t[0, :len(tokens)] = tokens
+    am, lp = jax.device_get(run(jnp.asarray(t)))
+    return am[0, :len(tokens)], lp[0, :len(tokens)]
+
+  return predict, load_tokenizer(os.path.join(out_dir, "hf"))
+
+
+def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
+  """Per-family action rate, format rate and nats per trained token (see the docstring)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
   for name in ("data.pkl", "hf"):
     if not os.path.exists(os.path.join(out_dir, name)):
@@ -99,19 +122,11 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
                               "first (python -m experiments.mechanism.warm_start).")
   with open(os.path.join(out_dir, "data.pkl"), "rb") as f:
     rows = pickle.load(f)
-  params, cfg = models.load_hf(os.path.join(out_dir, "hf"))
-  vocab = load_tokenizer(os.path.join(out_dir, "hf"))
+  predict, vocab = predictor(out_dir)
   by_family = collections.defaultdict(list)
   for r in rows:
     if r.role == data.AGENT and r.meta.get("family") != "copy":  # copy rows: no turns
       by_family[r.meta["family"]].append(r)
-
-  @jax.jit
-  def predict(tokens):
-    T = tokens.shape[1]
-    logits, _ = forward(params, cfg, tokens, jnp.arange(T)[None], segment_mask(
-        jnp.ones_like(tokens)))
-    return jnp.argmax(logits, -1), jax.nn.log_softmax(logits, -1)
 
   rng = np.random.default_rng(seed)
   out = {}
@@ -124,11 +139,8 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
     nll, n_tok = 0.0, 0
     for k in pick:
       ex = pool[int(k)]
-      width = 1 << (len(ex.tokens) - 1).bit_length()
-      t = np.zeros((1, width), np.int32)
-      t[0, :len(ex.tokens)] = ex.tokens
-      am, lp = jax.device_get(predict(jnp.asarray(t)))
-      pred = am[0]
+      am, lp = predict(ex.tokens)
+      pred = am
       for a, b in turns(ex.mask):
         if a == 0:
           continue
@@ -157,7 +169,7 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
             op = by_op[operator(vocab.decode(target[:eq].tolist()))]
             op[0] += 1
             op[1] += right
-        nll -= float(lp[0, np.arange(a - 1, b - 1), target].sum())
+        nll -= float(lp[np.arange(a - 1, b - 1), target].sum())
         n_tok += b - a
     out[family] = {"turns": n_turns, "action_rate": action_ok / max(n_turns, 1),
                    "format_rate": format_ok / max(n_turns, 1),
@@ -179,29 +191,16 @@ def designer_fit(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
   the share of rows with none, and the median index of the first missed token (knob values
   included). A model that blends the families of a skill misses from the title on, where
   the program says which one it is."""
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from spade_jax import models  # pylint: disable=g-import-not-at-top
-  from spade_jax.models.qwen3 import forward, segment_mask  # pylint: disable=g-import-not-at-top
-  from spade_jax.models.tokenizer import load_tokenizer  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
   with open(os.path.join(out_dir, "data.pkl"), "rb") as f:
     rows = [r for r in pickle.load(f) if r.role == data.DESIGNER]
   if rows_per_family <= 0 or not rows:  # none asked for, or an agent-only build
     return {}
-  params, cfg = models.load_hf(os.path.join(out_dir, "hf"))
-  vocab = load_tokenizer(os.path.join(out_dir, "hf"))
+  predict, vocab = predictor(out_dir)
   by_family = collections.defaultdict(list)
   for r in rows:
     by_family[r.meta["family"]].append(r)
-
-  @jax.jit
-  def predict(tokens):
-    T = tokens.shape[1]
-    logits, _ = forward(params, cfg, tokens, jnp.arange(T)[None], segment_mask(
-        jnp.ones_like(tokens)))
-    return jnp.argmax(logits, -1), jax.nn.log_softmax(logits, -1)
 
   rng = np.random.default_rng(seed)
   out = {}
@@ -213,19 +212,16 @@ def designer_fit(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
     for k in pick:
       ex = pool[int(k)]
       a = ex.mask.index(True)
-      width = 1 << (len(ex.tokens) - 1).bit_length()
-      t = np.zeros((1, width), np.int32)
-      t[0, :len(ex.tokens)] = ex.tokens
-      am, lp = jax.device_get(predict(jnp.asarray(t)))
+      am, lp = predict(ex.tokens)
       target = np.asarray(ex.tokens[a:])
-      ok = am[0, a - 1:len(ex.tokens) - 1] == target
+      ok = am[a - 1:len(ex.tokens) - 1] == target
       fixed = ~knob_tokens(target.tolist(), vocab)
       hits += int(ok.sum())
       n_tok += len(target)
       whole += int(ok[fixed].all())
       misses.append(int((~ok[fixed]).sum()))
       first.append(int(np.argmin(ok)) if not ok.all() else len(target))
-      nll -= float(lp[0, np.arange(a - 1, len(ex.tokens) - 1), target].sum())
+      nll -= float(lp[np.arange(a - 1, len(ex.tokens) - 1), target].sum())
     out[family] = {"rows": len(pick), "program_tokens": n_tok / max(len(pick), 1),
                    "top1_rate": hits / max(n_tok, 1), "nats_per_token": nll / max(n_tok, 1),
                    "misses_beyond_knobs": float(np.mean(misses)) if misses else 0.0,

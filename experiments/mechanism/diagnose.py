@@ -18,7 +18,8 @@ shows a high format rate and a low action rate. Last, a copy probe: random digit
 followed by themselves; a model that copies in context predicts the repeat. The player
 slips on ~10% of turns (``warm_start.P_SLIP``), so 90% is about the best possible action
 rate. Then, per family, how near the model is to the designer rows' programs
-(``designer_fit``: teacher-forced top-1 rate, whole programs right, the first miss).
+(``designer_fit``: teacher-forced top-1 rate, misses beyond the knob values, the first
+miss).
 """
 
 from __future__ import annotations
@@ -112,6 +113,22 @@ def predictor(out_dir: str):
   return predict, load_tokenizer(os.path.join(out_dir, "hf"))
 
 
+def sample_by_family(rows, per_family: int, seed: int) -> dict:
+  """{family: up to ``per_family`` of its ``rows``, drawn without replacement}, in family
+  order, from one seeded stream (so a family's draw depends on those before it)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  by_family = collections.defaultdict(list)
+  for r in rows:
+    by_family[r.meta["family"]].append(r)
+  rng = np.random.default_rng(seed)
+  out = {}
+  for family in sorted(by_family):
+    pool = by_family[family]
+    out[family] = [pool[int(k)] for k in rng.choice(len(pool), min(per_family, len(pool)),
+                                                    replace=False)]
+  return out
+
+
 def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
   """Per-family action rate, format rate and nats per trained token (see the docstring)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -123,24 +140,15 @@ def diagnose(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
   with open(os.path.join(out_dir, "data.pkl"), "rb") as f:
     rows = pickle.load(f)
   predict, vocab = predictor(out_dir)
-  by_family = collections.defaultdict(list)
-  for r in rows:
-    if r.role == data.AGENT and r.meta.get("family") != "copy":  # copy rows: no turns
-      by_family[r.meta["family"]].append(r)
-
-  rng = np.random.default_rng(seed)
-  out = {}
-  for family in sorted(by_family):
-    pool = by_family[family]
-    pick = rng.choice(len(pool), min(rows_per_family, len(pool)), replace=False)
+  agent = [r for r in rows if r.role == data.AGENT and r.meta.get("family") != "copy"]
+  out = {}  # copy rows: no turns
+  for family, pick in sample_by_family(agent, rows_per_family, seed).items():
     n_turns = action_ok = format_ok = answer_ok = n_worked = work_ok = 0
     n_eq = setup_ok = result_ok = 0
     by_op = collections.defaultdict(lambda: [0, 0])  # operator -> [steps, results right]
     nll, n_tok = 0.0, 0
-    for k in pick:
-      ex = pool[int(k)]
-      am, lp = predict(ex.tokens)
-      pred = am
+    for ex in pick:
+      pred, lp = predict(ex.tokens)
       for a, b in turns(ex.mask):
         if a == 0:
           continue
@@ -198,19 +206,11 @@ def designer_fit(out_dir: str, rows_per_family: int, seed: int = 0) -> dict:
   if rows_per_family <= 0 or not rows:  # none asked for, or an agent-only build
     return {}
   predict, vocab = predictor(out_dir)
-  by_family = collections.defaultdict(list)
-  for r in rows:
-    by_family[r.meta["family"]].append(r)
-
-  rng = np.random.default_rng(seed)
   out = {}
-  for family in sorted(by_family):
-    pool = by_family[family]
-    pick = rng.choice(len(pool), min(rows_per_family, len(pool)), replace=False)
+  for family, pick in sample_by_family(rows, rows_per_family, seed).items():
     hits = n_tok = whole = 0
     nll, first, misses = 0.0, [], []
-    for k in pick:
-      ex = pool[int(k)]
+    for ex in pick:
       a = ex.mask.index(True)
       am, lp = predict(ex.tokens)
       target = np.asarray(ex.tokens[a:])

@@ -322,6 +322,83 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path, monkeypatch):
     config.get_config("arm=nope")
 
 
+def test_config_warm_start_names_a_build_or_an_hf_dir(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPADE_JAX_CACHE", str(tmp_path))
+  hf = tmp_path / "build" / "hf"
+  hf.mkdir(parents=True)
+  with pytest.raises(FileNotFoundError, match="holds no HF checkpoint"):
+    config.get_config(f"arm=spade,warm_start={tmp_path / 'build'}")
+  (hf / "config.json").write_text("{}")
+  for given in (tmp_path / "build", hf):
+    assert config.get_config(f"arm=static,warm_start={given}").model.init_from == f"hf:{hf}"
+  assert config.get_config("arm=spade").model.init_from == "hf:" + os.path.join(
+      common.warm_start_dir(), "hf")
+
+
+def test_staged_recipe_arguments():
+  from experiments.mechanism import warm_start
+  names = [n for n, _ in warm_start.STAGES]
+  assert names == ["worked", "drill", "designer", "families"]
+  full = [warm_start.stage_build(kw) for _, kw in warm_start.STAGES]
+  # Only the first stage trains stage 0; the last plays every seen family, balanced.
+  assert [k["induction_steps"] for k in full] == [400, 0, 0, 0]
+  assert full[-1]["families"] == "" and full[-1]["designer_balance"] == "family"
+  assert full[-1]["drill"] == "equations" and all(k["num_microbatches"] == 1 for k in full)
+  small = warm_start.stage_build(warm_start.STAGES[0][1], smoke=True)
+  assert small["steps"] == 2 and small["induction_steps"] == 2 and small["agent_rows"] == 8
+  assert small["families"] == "arithmetic_chain" and small["designer_rows"] == 0
+  with pytest.raises(ValueError, match="not build arguments"):
+    warm_start.stage_build(dict(step=3))
+  with pytest.raises(ValueError, match="at least one stage"):
+    warm_start.build_staged("/nonexistent", stages=())
+
+
+def test_staged_smoke_build_chains_weights_and_tokenizer(tmp_path):
+  """The default warm-start command at smoke size: every stage of STAGES, each from the
+  last one's checkpoint, its tokenizer carried over; the last one's is the warm start."""
+  from experiments.mechanism import warm_start
+  from spade_jax import models
+  out = str(tmp_path / "ws")
+  levels = warm_start.build_staged(out, smoke=True)
+  dirs = warm_start.stage_dirs(out)
+  assert [os.path.basename(d) for d in dirs] == ["0_worked", "1_drill", "2_designer",
+                                                  "3_families"]
+  tok = [open(os.path.join(d, "tokenizer", "tokenizer.json")).read() for d in dirs]
+  assert all(t == tok[0] for t in tok)  # adopted from the stage before, never retrained
+  assert os.path.isfile(os.path.join(dirs[0], "induction", "config.json"))
+  assert json.load(open(os.path.join(dirs[-1], "data_stats.json")))["families"] == sorted(
+      common.seen())
+  last, _ = models.load_hf(os.path.join(dirs[-1], "hf"))
+  got, _ = models.load_hf(os.path.join(out, "hf"))
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(last), jax.tree.leaves(got)))
+  assert json.load(open(os.path.join(out, "levels.json"))) == levels
+  assert "designer" in levels  # the last stage measures the designer
+  rec = json.load(open(warm_start.write_staged_results(out, levels, str(tmp_path / "r.json"))))
+  assert [s["name"] for s in rec["stages"]] == ["worked", "drill", "designer", "families"]
+  assert all(s["loss"] and s["levels"] for s in rec["stages"]) and rec["levels"] == levels
+  assert rec["stages"][0]["build"]["steps"] == 600  # the recipe's, not the smoke's
+  # A rerun finds every stage done and changes nothing.
+  assert warm_start.build_staged(out, smoke=True) == levels
+  # A build whose tokenizer differs from its --init_from's refuses to start.
+  other = tmp_path / "other"
+  (other / "tokenizer").mkdir(parents=True)
+  (other / "tokenizer" / "tokenizer.json").write_text("{}")
+  with pytest.raises(ValueError, match="different tokenizer"):
+    warm_start.adopt_tokenizer(str(other), os.path.join(out, "hf"))
+  with pytest.raises(ValueError, match="only the first stage"):
+    warm_start.build_staged(str(tmp_path / "bad"), smoke=True, stages=(
+        warm_start.STAGES[1], warm_start.STAGES[0]))
+
+
+def test_staged_recipe_refuses_single_build_flags():
+  import subprocess
+  import sys
+  r = subprocess.run([sys.executable, "-m", "experiments.mechanism.warm_start", "--steps=5",
+                      "--out=/nonexistent"], capture_output=True, text=True, timeout=300,
+                     cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  assert r.returncode != 0 and "--recipe=single" in r.stderr + r.stdout
+
+
 def test_report_table_is_computed_from_the_results(tmp_path):
   def result(arm, seed, held):
     return {"arm": arm, "seed": seed, "iterations": 3, "series": {
@@ -440,6 +517,12 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   assert out["arm"] == "static" and out["iterations"] == 2
   assert [it for it, _ in out["series"]["eval/families/held_out/success"]] == [1, 2]
   assert len(out["series"]["rewards/win_rate_band_frac"]) == 2
+  assert out["warm_start"] == os.path.abspath(os.path.join(ws, "hf"))
+  elsewhere = tmp_path / "elsewhere"
+  elsewhere.mkdir()
+  (elsewhere / "config.json").write_text("{}")
+  with pytest.raises(ValueError, match="began from the warm start"):
+    run.run("static", 0, smoke=True, workdir=str(tmp_path / "run"), start=str(elsewhere))
 
 
 def test_diagnose_finds_turns_and_the_boxed_answer():

@@ -84,6 +84,19 @@ def warm_start_dir(smoke: bool = False) -> str:
   return os.path.join(cache_dir(), "warm_start_smoke" if smoke else "warm_start")
 
 
+def warm_start_hf(path: str) -> str:
+  """The HF checkpoint a warm start ``path`` names: ``path`` itself when it holds
+  ``config.json``, else ``path/hf``; neither raises, naming what was looked for."""
+  for d in (path, os.path.join(path, "hf")):
+    if os.path.isfile(os.path.join(d, "config.json")):
+      return os.path.abspath(d)
+  raise FileNotFoundError(
+      f"warm start {path!r} holds no HF checkpoint (no config.json in it or in its hf/); "
+      "give a warm-start build directory or its hf/, or build one with "
+      "`python -m experiments.mechanism.warm_start`.")
+
+
 __all__ = ["AGENT_TURN_TOKENS", "ARMS", "DESIGNER_PROMPT_TOKENS", "HELD_OUT", "MAX_TURNS",
            "MODEL", "NUM_EXEMPLARS", "RESULTS", "RUNS", "SEEDS", "SETTING", "SMOKE_MODEL", "VOCAB_SIZE",
-           "cache_dir", "load_start", "max_family_turns", "seen", "skills", "warm_start_dir", "write_hf"]
+           "cache_dir", "load_start", "max_family_turns", "seen", "skills", "warm_start_dir",
+           "warm_start_hf", "write_hf"]

@@ -54,11 +54,13 @@ def static_pool_path() -> str:
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
-  """The config of ``arm=<name>,seed=<n>[,smoke]``."""
-  a = recipes.parse_arg(arg, arm="spade", seed=0, smoke=False)
+  """The config of ``arm=<name>,seed=<n>[,smoke][,warm_start=DIR]`` (``warm_start``: a
+  build directory or HF directory to start from instead of the cache's warm start)."""
+  a = recipes.parse_arg(arg, arm="spade", seed=0, smoke=False, warm_start="")
   if a.arm not in common.ARMS:
     raise ValueError(f"Unknown arm {a.arm!r}; expected one of {list(common.ARMS)}.")
-  hf = os.path.join(common.warm_start_dir(a.smoke), "hf")
+  hf = (common.warm_start_hf(a.warm_start) if a.warm_start
+        else os.path.join(common.warm_start_dir(a.smoke), "hf"))
   c = ml_collections.ConfigDict()
   c.seed = int(a.seed)
   c.iterations = 2 if a.smoke else ITERATIONS

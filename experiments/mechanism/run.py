@@ -1,6 +1,7 @@
 r"""Runs one arm x seed of the mechanism experiment, resumably, and writes its results JSON.
 
   python -m experiments.mechanism.run --arm=spade --seed=0 [--smoke] [--workdir=DIR]
+      [--warm_start=BUILD_DIR]
 
 Builds the warm start first if the cache lacks it (``warm_start.py``), runs the arm's config
 (``config.py``) in ``runs/<arm>-<seed>`` (a rerun resumes from the last checkpoint), then
@@ -20,25 +21,48 @@ from absl import flags
 
 
 def run(arm: str, seed: int, *, smoke: bool = False, workdir: str = "",
-        results: str = "") -> str:
-  """Runs (or resumes) the arm and returns the path of its results JSON."""
+        results: str = "", start: str = "") -> str:
+  """Runs (or resumes) the arm and returns the path of its results JSON.
+
+  ``start``: the warm start to begin from (a build directory holding ``hf/``, or an HF
+  directory) instead of the cache's (built first when missing).
+  """
   from experiments.mechanism import common, config, report, warm_start  # pylint: disable=g-import-not-at-top
   from spade_jax.selfplay import loop  # pylint: disable=g-import-not-at-top
   if arm not in common.ARMS:
     raise ValueError(f"--arm={arm!r}; expected one of {list(common.ARMS)}.")
   name = f"{arm}-{seed}" + ("-smoke" if smoke else "")
   workdir = workdir or os.path.join(common.RUNS, name)
-  ws = common.warm_start_dir(smoke)
-  if not os.path.isfile(os.path.join(ws, "hf", "config.json")):
-    print(f"building the warm start in {ws} (once)", flush=True)
-    kw = dict(warm_start.DEFAULTS, **(warm_start.SMOKE_BUILD if smoke else {}))
-    warm_start.build(ws, smoke=smoke, **kw)
-  cfg = config.get_config(f"arm={arm},seed={seed}" + (",smoke" if smoke else ""))
+  if start:
+    common.warm_start_hf(start)  # a bad path raises before anything runs
+  else:
+    ws = common.warm_start_dir(smoke)
+    if not os.path.isfile(os.path.join(ws, "hf", "config.json")):
+      print(f"building the warm start in {ws} (once)", flush=True)
+      if smoke:  # one tiny build, not the stages: minutes
+        warm_start.build(ws, smoke=True, **dict(warm_start.DEFAULTS, **warm_start.SMOKE_BUILD))
+      else:
+        warm_start.build_staged(ws)
+  cfg = config.get_config(f"arm={arm},seed={seed}" + (",smoke" if smoke else "") +
+                          (f",warm_start={start}" if start else ""))
+  hf = cfg.model.init_from.removeprefix("hf:")
+  os.makedirs(workdir, exist_ok=True)
+  marker = os.path.join(workdir, "warm_start.txt")
+  if os.path.isfile(marker):  # a resume must continue from the start it began with
+    with open(marker) as f:
+      began = f.read().strip()
+    if began != os.path.abspath(hf):
+      raise ValueError(f"{workdir} began from the warm start {began}, not {hf}; resume it "
+                       "with --warm_start set as then, or give a new --workdir.")
+  else:
+    with open(marker, "w") as f:
+      f.write(os.path.abspath(hf) + "\n")
   loop.train(cfg, workdir)
   out_dir = results or (workdir if smoke else common.RESULTS)
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, f"{name}.json")
   data = report.collect(workdir, arm=arm, seed=seed)
+  data["warm_start"] = os.path.abspath(hf)
   with open(path + ".tmp", "w") as f:
     json.dump(data, f, indent=1)
   os.replace(path + ".tmp", path)
@@ -50,16 +74,19 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   run(_ARM.value, _SEED.value, smoke=_SMOKE.value, workdir=_WORKDIR.value,
-      results=_RESULTS.value)
+      results=_RESULTS.value, start=_START.value)
 
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _ARM, _RESULTS, _SEED, _SMOKE, _WORKDIR
+  global _ARM, _RESULTS, _SEED, _SMOKE, _START, _WORKDIR
   _ARM = flags.DEFINE_string("arm", "spade", "spade | static | solve_rate | frozen_designer.")
   _SEED = flags.DEFINE_integer("seed", 0, "Run seed.")
   _SMOKE = flags.DEFINE_bool("smoke", False, "A two-iteration run of a tiny model.")
   _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (default runs/<arm>-<seed>).")
+  _START = flags.DEFINE_string("warm_start", "", "The warm start the arm begins from: a "
+                               "build directory holding hf/, or an HF directory (default: "
+                               "the cache's, built first when missing).")
   _RESULTS = flags.DEFINE_string("results", "", "Results directory (default results/, or the "
                                  "workdir for --smoke).")
 

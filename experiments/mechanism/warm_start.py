@@ -1,8 +1,12 @@
 r"""Builds (or resumes) the warm-start checkpoint every arm of the experiment starts from.
 
-  python -m experiments.mechanism.warm_start [--steps=N] [--smoke]
+  python -m experiments.mechanism.warm_start [--smoke]                  # the staged recipe
+  python -m experiments.mechanism.warm_start --recipe=single [--steps=N ...]
 
-One command, cached under ``$SPADE_JAX_CACHE/mechanism/warm_start[_smoke]/``:
+One command, cached under ``$SPADE_JAX_CACHE/mechanism/warm_start[_smoke]/``. The default
+(``--recipe=staged``) runs the builds of ``STAGES`` in ``stages/<i>_<name>/``, each from the
+last one's weights and tokenizer, and takes the last one's ``hf/`` and ``levels.json``;
+``--recipe=single`` runs one build from the flags. A build does this:
 
 1. ``tokenizer/``: a 6,144-id byte-level BPE with Qwen3's pre-tokenizer split (one token per
    digit) trained offline (``tokenizers``) on the texts the experiment reads and writes:
@@ -269,6 +273,31 @@ def drill_examples(out: str, vocab, rows, drill: str, n: int) -> list:
   return data.equation_examples(vocab, agent, n, seed=0)
 
 
+def adopt_tokenizer(out: str, init_from: str) -> None:
+  """A build started from another's weights reads and writes that checkpoint's vocabulary:
+  its tokenizer files are copied into ``out/tokenizer`` (once). A different tokenizer
+  already there raises, as its ids would not be the ones the weights were trained on."""
+  src = os.path.join(init_from, "tokenizer.json")
+  if not os.path.isfile(src):
+    return  # a checkpoint without tokenizer files: the build trains its own, as before
+  path = os.path.join(out, "tokenizer")
+  mine = os.path.join(path, "tokenizer.json")
+  if os.path.isfile(mine):
+    with open(mine, "rb") as a, open(src, "rb") as b:
+      if a.read() != b.read():
+        raise ValueError(
+            f"{path} holds a different tokenizer from --init_from={init_from}, whose weights "
+            f"read that one's ids. Remove {path} and {os.path.join(out, 'data.pkl')} (rows "
+            "tokenized with it) to build on the checkpoint's vocabulary.")
+    return
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  os.makedirs(out, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".tokenizer.", dir=out)
+  models.copy_tokenizer_files(init_from, tmp)
+  os.rename(tmp, path)
+  _log(f"tokenizer taken from {init_from}")
+
+
 def export(out: str, params, model_cfg, tokenizer_dir: str) -> str:
   """Writes ``out/hf`` (weights + tokenizer) atomically."""
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
@@ -309,6 +338,8 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
       elif os.path.exists(p):
         os.remove(p)
   shape = common.SMOKE_MODEL if smoke else common.MODEL
+  if init_from:
+    adopt_tokenizer(out, init_from)
   tok_dir = build_tokenizer(out, shape["vocab_size"], worked)
   vocab = load_tokenizer(tok_dir)
   chat = ChatTemplate(vocab, thinking=False)
@@ -347,12 +378,109 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   return levels
 
 
+# The staged recipe (``--recipe=staged``, the default): the builds that took the agent to
+# its starting level on arithmetic_chain and the designer to 13 of 16 valid programs (see
+# the mechanism README), then every seen family. Each stage is a ``build`` in
+# ``stages/<i>_<name>/`` started from the previous stage's weights and tokenizer; the
+# flags not named are ``DEFAULTS`` with one micro-batch.
+STAGES = (
+    ("worked", dict(designer_rows=0, agent_rows=8000, seq_len=1024, steps=600, worked=True,
+                    induction_steps=400, induction_mix=10000, learning_rate=1e-3,
+                    measure_designs=0, measure_episodes=40, families="arithmetic_chain")),
+    ("drill", dict(designer_rows=0, agent_rows=32000, seq_len=1024, steps=600, worked=True,
+                   induction_mix=10000, drill_rows=20000, learning_rate=1e-3,
+                   measure_designs=0, measure_episodes=40, families="arithmetic_chain")),
+    ("designer", dict(designer_rows=1000, agent_rows=3000, drill_rows=3000, seq_len=2560,
+                      steps=480, worked=True, learning_rate=1e-3, measure_designs=16,
+                      measure_episodes=40, families="arithmetic_chain")),
+    ("families", dict(designer_rows=1000, designer_balance="family", agent_rows=20000,
+                      drill="equations", drill_rows=10000, seq_len=2560, steps=1200,
+                      worked=True, learning_rate=1e-3, measure_designs=16,
+                      measure_episodes=40)),
+)
+
+
+def stage_build(kw: dict, smoke: bool = False) -> dict:
+  """A stage's ``build`` arguments; ``smoke`` shrinks every count and step to a tiny run
+  and keeps what makes the stage what it is (families, drill kind, stage 0, balance)."""
+  unknown = set(kw) - set(DEFAULTS)
+  if unknown:
+    raise ValueError(f"stage arguments {sorted(unknown)} are not build arguments; valid: "
+                     f"{sorted(DEFAULTS)}.")
+  out = dict(DEFAULTS, num_microbatches=1, **kw)
+  if smoke:
+    out.update(steps=2, seq_len=2048, checkpoint_every=2, measure_episodes=1,
+               measure_designs=min(out["measure_designs"], 2),
+               designer_rows=min(out["designer_rows"], 4), agent_rows=8,
+               drill_rows=min(out["drill_rows"], 4),
+               induction_mix=min(out["induction_mix"], 16),
+               induction_steps=min(out["induction_steps"], 2))
+  return out
+
+
+def stage_dirs(out: str, stages=STAGES) -> list[str]:
+  """The build directory of each stage of a staged build in ``out``."""
+  return [os.path.join(out, "stages", f"{i}_{name}") for i, (name, _) in enumerate(stages)]
+
+
+def build_staged(out: str, *, smoke: bool = False, stages=STAGES,
+                 force: bool = False) -> dict:
+  """Runs every stage not yet done, each from the last one's ``hf/``; the last stage's
+  checkpoint and levels become ``out/hf`` and ``out/levels.json``. Returns those levels."""
+  if not stages:
+    raise ValueError("a staged build needs at least one stage.")
+  prev, levels = "", {}
+  for i, ((name, kw), d) in enumerate(zip(stages, stage_dirs(out, stages))):
+    kw = stage_build(kw, smoke)
+    if prev:
+      if kw["induction_steps"]:
+        raise ValueError(f"stage {name!r} sets induction_steps but starts from the stage "
+                         "before it; only the first stage may train a stage 0.")
+      kw["init_from"] = prev
+    _log(f"stage {i + 1}/{len(stages)} ({name}) in {d}")
+    levels = build(d, smoke=smoke, force=force, **kw)
+    prev = os.path.join(d, "hf")
+  hf = os.path.join(out, "hf")
+  if force or not os.path.isfile(os.path.join(hf, "config.json")):
+    tmp = tempfile.mkdtemp(prefix=".hf.", dir=out)
+    shutil.copytree(prev, tmp, dirs_exist_ok=True)
+    if os.path.isdir(hf):
+      shutil.rmtree(hf)
+    os.rename(tmp, hf)
+  with open(os.path.join(out, "levels.json.tmp"), "w") as f:
+    json.dump(levels, f, indent=1)
+  os.replace(os.path.join(out, "levels.json.tmp"), os.path.join(out, "levels.json"))
+  _log(f"wrote {hf} (stage {stages[-1][0]!r}'s checkpoint)")
+  return levels
+
+
+# The flags the single recipe reads; the staged one refuses them (its stages fix them).
+BUILD_FLAGS = ("steps", "batch_size", "seq_len", "num_microbatches", "remat",
+               "learning_rate", "designer_rows", "designer_balance", "agent_rows", "worked",
+               "copy_rows", "init_from", "induction_steps", "induction_lr", "drill_rows",
+               "drill", "induction_mix", "families", "checkpoint_every", "measure_episodes",
+               "measure_designs")
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   smoke = _SMOKE.value
   out = _OUT.value or common.warm_start_dir(smoke)
+  if _RECIPE.value == "staged":
+    given = [f"--{n}" for n in BUILD_FLAGS if flags.FLAGS[n].present]
+    if given:
+      raise app.UsageError(f"{', '.join(given)} set the single recipe's build; the staged "
+                           "recipe's stages are fixed (warm_start.STAGES). Add "
+                           "--recipe=single to build from the flags.")
+    levels = build_staged(out, smoke=smoke, force=_FORCE.value)
+    print(json.dumps(levels, indent=1))
+    record = _RECORD.value or ("warm_start" if not smoke and not _OUT.value else "")
+    if record:
+      path = write_staged_results(out, levels, os.path.join(common.RESULTS, record + ".json"))
+      print(f"wrote {path}")
+    return
   kw = dict(steps=_STEPS.value, batch_size=_BATCH.value, seq_len=_SEQ.value,
             learning_rate=_LR.value, designer_rows=_DESIGNER.value,
             agent_rows=_AGENT.value, checkpoint_every=_CKPT.value,
@@ -389,7 +517,28 @@ def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
   return path
 
 
-# What `python -m experiments.mechanism.warm_start` builds (the flags' defaults).
+def write_staged_results(out: str, levels: dict, path: str, stages=STAGES) -> str:
+  """A staged build's record: the last stage's record (its data, loss curve and the
+  warm start's levels) with every stage's arguments, loss curve and levels."""
+  dirs = stage_dirs(out, stages)
+  write_results(dirs[-1], {"recipe": "staged"}, levels, path)
+  with open(path) as f:
+    record = json.load(f)
+  record["stages"] = []
+  for (name, kw), d in zip(stages, dirs):
+    log = os.path.join(d, "train_log.jsonl")
+    curve = [json.loads(l) for l in open(log) if l.strip()] if os.path.isfile(log) else []
+    lv = os.path.join(d, "levels.json")
+    record["stages"].append({"name": name, "build": stage_build(kw),
+                             "loss": [[r["step"], r.get("loss")] for r in curve],
+                             "levels": json.load(open(lv)) if os.path.isfile(lv) else None})
+  with open(path, "w") as f:
+    json.dump(record, f, indent=1)
+  return path
+
+
+# What `python -m experiments.mechanism.warm_start --recipe=single` builds (the flags'
+# defaults).
 DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, designer_rows=1000,
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4, remat="none", worked=False, copy_rows=0, init_from="",
@@ -402,7 +551,11 @@ SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, desi
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _BALANCE, _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _RECIPE, _BALANCE, _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  _RECIPE = flags.DEFINE_enum(
+      "recipe", "staged", ["staged", "single"], "'staged': the stages of STAGES, each from "
+      "the last one's weights (~13 h on 2 cores, each stage resumable); 'single': one build "
+      "from the flags below.")
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")

@@ -377,6 +377,14 @@ def test_staged_smoke_build_chains_weights_and_tokenizer(tmp_path):
   assert [s["name"] for s in rec["stages"]] == ["worked", "drill", "designer", "families"]
   assert all(s["loss"] and s["levels"] for s in rec["stages"]) and rec["levels"] == levels
   assert rec["stages"][0]["build"]["steps"] == 600  # the recipe's, not the smoke's
+  # A look midway: a stage's checkpoint exported beside it, as the build would export it.
+  snap = warm_start.snapshot(dirs[-1], smoke=True)
+  assert snap == os.path.join(dirs[-1], "hf_2")  # the smoke stages run 2 steps
+  got, _ = models.load_hf(snap)
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(last), jax.tree.leaves(got)))
+  assert os.path.isfile(os.path.join(snap, "tokenizer.json"))
+  with pytest.raises(FileNotFoundError, match="no checkpoint"):
+    warm_start.snapshot(str(tmp_path / "empty"), smoke=True)
   # A rerun finds every stage done and changes nothing.
   assert warm_start.build_staged(out, smoke=True) == levels
   # A build whose tokenizer differs from its --init_from's refuses to start.

@@ -2,6 +2,7 @@ r"""Builds (or resumes) the warm-start checkpoint every arm of the experiment st
 
   python -m experiments.mechanism.warm_start [--smoke]                  # the staged recipe
   python -m experiments.mechanism.warm_start --recipe=single [--steps=N ...]
+  python -m experiments.mechanism.warm_start --out=DIR --snapshot   # a look midway
 
 One command, cached under ``$SPADE_JAX_CACHE/mechanism/warm_start[_smoke]/``. The default
 (``--recipe=staged``) runs the builds of ``STAGES`` in ``stages/<i>_<name>/``, each from the
@@ -155,20 +156,10 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
   """
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from spade_jax import checkpoint, parallel  # pylint: disable=g-import-not-at-top
-  from spade_jax.rl import (LossConfig, OptimizerConfig, TrainConfig,  # pylint: disable=g-import-not-at-top
-                            Trainer)
+  from spade_jax import checkpoint  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import data  # pylint: disable=g-import-not-at-top
-  import dataclasses  # pylint: disable=g-import-not-at-top
-  mesh_cfg = parallel.MeshConfig()
-  mesh = parallel.make_mesh(mesh_cfg, jax.devices())
-  # Rematerialised layers and micro-batches bound the activations ([T, T] scores per head).
-  trainer = Trainer(dataclasses.replace(model_cfg, remat=remat), TrainConfig(batch_size, seq_len, micro, objective="sft"),
-                    LossConfig(kl_coef=0.0, aggregation="token_mean"),
-                    OptimizerConfig(learning_rate=learning_rate, schedule="cosine",
-                                    warmup_steps=min(100, steps // 10), total_steps=steps,
-                                    weight_decay=0.1, b1=0.9, b2=0.98),
-                    mesh, parallel.RULE_SETS[mesh_cfg.rules])
+  trainer = _trainer(model_cfg, steps=steps, batch_size=batch_size, seq_len=seq_len,
+                     learning_rate=learning_rate, micro=micro, remat=remat)
   ckpt = checkpoint.Checkpointer(os.path.join(out, "train"), keep=2)
   if init_from and ckpt.latest_step() is None:
     from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
@@ -204,6 +195,51 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
   log.close()
   ckpt.close()
   return state.params
+
+
+def _trainer(model_cfg, *, steps: int, batch_size: int, seq_len: int, learning_rate: float,
+             micro: int, remat: str):
+  """The build's SFT trainer: AdamW, warm-up then cosine decay over ``steps``."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from spade_jax import parallel  # pylint: disable=g-import-not-at-top
+  from spade_jax.rl import (LossConfig, OptimizerConfig, TrainConfig,  # pylint: disable=g-import-not-at-top
+                            Trainer)
+  mesh_cfg = parallel.MeshConfig()
+  mesh = parallel.make_mesh(mesh_cfg, jax.devices())
+  # Rematerialised layers and micro-batches bound the activations ([T, T] scores per head).
+  return Trainer(dataclasses.replace(model_cfg, remat=remat),
+                 TrainConfig(batch_size, seq_len, micro, objective="sft"),
+                 LossConfig(kl_coef=0.0, aggregation="token_mean"),
+                 OptimizerConfig(learning_rate=learning_rate, schedule="cosine",
+                                 warmup_steps=min(100, steps // 10), total_steps=steps,
+                                 weight_decay=0.1, b1=0.9, b2=0.98),
+                 mesh, parallel.RULE_SETS[mesh_cfg.rules])
+
+
+def snapshot(out: str, *, smoke: bool = False, step: int | None = None) -> str:
+  """Exports a build's checkpoint (the latest, or ``step``) to ``out/hf_<step>`` with its
+  tokenizer, without training and without touching the build, which may still be running:
+  a look at a long build midway (``measure.py``, ``diagnose.py`` read the result)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from spade_jax import checkpoint, models  # pylint: disable=g-import-not-at-top
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  ckpt = checkpoint.Checkpointer(os.path.join(out, "train"), keep=2)
+  if step is None:
+    step = ckpt.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"{os.path.join(out, 'train')} holds no checkpoint to export; "
+                              "a build writes one every --checkpoint_every steps.")
+  shape = common.SMOKE_MODEL if smoke else common.MODEL
+  cfg = models.get_preset("tiny", **shape)
+  trainer = _trainer(cfg, steps=1, batch_size=8, seq_len=128, learning_rate=1e-3, micro=1,
+                     remat="none")
+  state = ckpt.restore_state(trainer.init_state(jax.random.key(0)), step=step)
+  ckpt.close()
+  path = common.write_hf(os.path.join(out, f"hf_{step}"), state.params, cfg,
+                         os.path.join(out, "tokenizer"))
+  _log(f"exported step {step} to {path}")
+  return path
 
 
 INDUCTION = dict(lengths=(4, 24), seq_len=512)
@@ -468,6 +504,9 @@ def main(argv):
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   smoke = _SMOKE.value
   out = _OUT.value or common.warm_start_dir(smoke)
+  if _SNAPSHOT.value:
+    print(snapshot(out, smoke=smoke, step=_SNAPSHOT_STEP.value or None))
+    return
   if _RECIPE.value == "staged":
     given = [f"--{n}" for n in BUILD_FLAGS if flags.FLAGS[n].present]
     if given:
@@ -551,11 +590,17 @@ SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, desi
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _RECIPE, _BALANCE, _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _SNAPSHOT, _SNAPSHOT_STEP, _RECIPE, _BALANCE, _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _RECIPE = flags.DEFINE_enum(
       "recipe", "staged", ["staged", "single"], "'staged': the stages of STAGES, each from "
       "the last one's weights (~13 h on 2 cores, each stage resumable); 'single': one build "
       "from the flags below.")
+  _SNAPSHOT = flags.DEFINE_bool(
+      "snapshot", False, "Only export --out's latest checkpoint (or --snapshot_step's) to "
+      "hf_<step>/ and exit; the build itself may keep running (a staged build's stage is "
+      "--out=<warm start>/stages/<i>_<name>).")
+  _SNAPSHOT_STEP = flags.DEFINE_integer("snapshot_step", 0, "The step --snapshot exports "
+                                        "(default: the latest).")
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")

@@ -434,6 +434,14 @@ def test_report_table_is_computed_from_the_results(tmp_path):
   readme = (tmp_path / "README.md").read_text()
   assert "old" not in readme and "| spade | 3 |" in readme and readme.endswith("y\n")
   assert (tmp_path / "eval_families_held_out_success.png").is_file()
+  # Runs that began from different warm starts are not compared.
+  for seed, digest in ((0, "a" * 64), (1, "b" * 64)):
+    r = result("spade", seed, 0.5)
+    r["warm_start"] = {"path": "/x", "sha256": digest}
+    with open(tmp_path / f"spade-{seed}.json", "w") as f:
+      json.dump(r, f)
+  with pytest.raises(ValueError, match="different warm starts.*spade-1"):
+    report.report(str(tmp_path))
 
 
 def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
@@ -525,7 +533,8 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   assert out["arm"] == "static" and out["iterations"] == 2
   assert [it for it, _ in out["series"]["eval/families/held_out/success"]] == [1, 2]
   assert len(out["series"]["rewards/win_rate_band_frac"]) == 2
-  assert out["warm_start"] == os.path.abspath(os.path.join(ws, "hf"))
+  assert out["warm_start"] == {"path": os.path.abspath(os.path.join(ws, "hf")),
+                               "sha256": common.weights_digest(os.path.join(ws, "hf"))}
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
   (elsewhere / "config.json").write_text("{}")

@@ -84,6 +84,20 @@ def warm_start_dir(smoke: bool = False) -> str:
   return os.path.join(cache_dir(), "warm_start_smoke" if smoke else "warm_start")
 
 
+def weights_digest(hf: str) -> str:
+  """SHA-256 of an HF checkpoint's weight files: which warm start a run began from."""
+  import hashlib  # pylint: disable=g-import-not-at-top
+  h = hashlib.sha256()
+  names = sorted(n for n in os.listdir(hf) if n.endswith(".safetensors"))
+  if not names:
+    raise FileNotFoundError(f"{hf} holds no *.safetensors weights.")
+  for name in names:
+    with open(os.path.join(hf, name), "rb") as f:
+      for chunk in iter(lambda: f.read(1 << 20), b""):
+        h.update(chunk)
+  return h.hexdigest()
+
+
 def warm_start_hf(path: str) -> str:
   """The HF checkpoint a warm start ``path`` names: ``path`` itself when it holds
   ``config.json``, else ``path/hf``; neither raises, naming what was looked for."""
@@ -99,4 +113,4 @@ def warm_start_hf(path: str) -> str:
 __all__ = ["AGENT_TURN_TOKENS", "ARMS", "DESIGNER_PROMPT_TOKENS", "HELD_OUT", "MAX_TURNS",
            "MODEL", "NUM_EXEMPLARS", "RESULTS", "RUNS", "SEEDS", "SETTING", "SMOKE_MODEL", "VOCAB_SIZE",
            "cache_dir", "load_start", "max_family_turns", "seen", "skills", "warm_start_dir",
-           "warm_start_hf", "write_hf"]
+           "warm_start_hf", "weights_digest", "write_hf"]

@@ -188,6 +188,15 @@ def report(results_dir: str, readme: str | None = None) -> dict:
   if not results:
     raise FileNotFoundError(f"No <arm>-<seed>.json under {results_dir}; run "
                             "`python -m experiments.mechanism.run --arm=... --seed=...` first.")
+  starts = collections.defaultdict(list)  # weights digest -> runs (older files lack it)
+  for r in results:
+    if r.get("warm_start"):
+      starts[r["warm_start"]["sha256"]].append(f"{r['arm']}-{r['seed']}")
+  if len(starts) > 1:
+    raise ValueError("the runs under " + results_dir + " began from different warm starts, "
+                     "so the arms are not comparable: " + "; ".join(
+                         f"{d[:12]}: {', '.join(runs)}" for d, runs in starts.items()) +
+                     ". Rerun the odd ones from the same --warm_start or move them aside.")
   summary = summarize(results)
   text = table(summary)
   with open(os.path.join(results_dir, "summary.json"), "w") as f:

@@ -62,7 +62,7 @@ def run(arm: str, seed: int, *, smoke: bool = False, workdir: str = "",
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, f"{name}.json")
   data = report.collect(workdir, arm=arm, seed=seed)
-  data["warm_start"] = os.path.abspath(hf)
+  data["warm_start"] = {"path": os.path.abspath(hf), "sha256": common.weights_digest(hf)}
   with open(path + ".tmp", "w") as f:
     json.dump(data, f, indent=1)
   os.replace(path + ".tmp", path)

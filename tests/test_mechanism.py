@@ -335,6 +335,21 @@ def test_config_warm_start_names_a_build_or_an_hf_dir(tmp_path, monkeypatch):
       common.warm_start_dir(), "hf")
 
 
+def test_run_all_queues_the_unfinished_runs_seed_by_seed(tmp_path):
+  from experiments.mechanism import run
+  done = {"arm": "spade", "seed": 0, "iterations": config.ITERATIONS, "series": {}}
+  (tmp_path / "spade-0.json").write_text(json.dumps(done))
+  (tmp_path / "static-0.json").write_text(json.dumps(dict(done, arm="static",
+                                                          iterations=3)))  # interrupted
+  calls = []
+  run.run_all(results=str(tmp_path), start="/ws",
+              runner=lambda arm, seed, **kw: calls.append((arm, seed, kw["start"])))
+  assert calls[:3] == [("static", 0, "/ws"), ("solve_rate", 0, "/ws"),
+                       ("frozen_designer", 0, "/ws")]
+  assert len(calls) == len(common.ARMS) * len(common.SEEDS) - 1
+  assert [c[1] for c in calls] == sorted(c[1] for c in calls)  # seed by seed
+
+
 def test_staged_recipe_arguments():
   from experiments.mechanism import warm_start
   names = [n for n, _ in warm_start.STAGES]

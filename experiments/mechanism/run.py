@@ -2,6 +2,7 @@ r"""Runs one arm x seed of the mechanism experiment, resumably, and writes its r
 
   python -m experiments.mechanism.run --arm=spade --seed=0 [--smoke] [--workdir=DIR]
       [--warm_start=BUILD_DIR]
+  python -m experiments.mechanism.run --all   # every arm x seed not yet finished
 
 Builds the warm start first if the cache lacks it (``warm_start.py``), runs the arm's config
 (``config.py``) in ``runs/<arm>-<seed>`` (a rerun resumes from the last checkpoint), then
@@ -70,16 +71,55 @@ def run(arm: str, seed: int, *, smoke: bool = False, workdir: str = "",
   return path
 
 
+def pending(results: str = "", smoke: bool = False) -> list[tuple[str, int]]:
+  """The (arm, seed) runs without a finished results JSON, seed by seed (every arm's seed 0
+  first, so a partial queue still compares the arms)."""
+  from experiments.mechanism import common, config  # pylint: disable=g-import-not-at-top
+  out_dir = results or common.RESULTS
+  todo = []
+  for seed in common.SEEDS:
+    for arm in common.ARMS:
+      want = config.ITERATIONS if not smoke else 2
+      path = os.path.join(out_dir, f"{arm}-{seed}" + ("-smoke" if smoke else "") + ".json")
+      done = False
+      if os.path.isfile(path):
+        with open(path) as f:
+          done = json.load(f).get("iterations", 0) >= want
+      if not done:
+        todo.append((arm, seed))
+  return todo
+
+
+def run_all(*, smoke: bool = False, results: str = "", start: str = "", runner=None) -> list:
+  """Runs (or resumes) every arm x seed not yet finished, in ``pending``'s order; a rerun
+  after an interruption picks up where it stopped. Returns the results paths written."""
+  runner = runner or run
+  todo = pending(results, smoke)
+  paths = []
+  for i, (arm, seed) in enumerate(todo):
+    print(f"[{i + 1}/{len(todo)}] arm {arm} seed {seed}", flush=True)
+    paths.append(runner(arm, seed, smoke=smoke, results=results, start=start))
+  return paths
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  if _ALL.value:
+    if _WORKDIR.value or _ARM.present or _SEED.present:
+      raise app.UsageError("--all runs every arm and seed in runs/<arm>-<seed>; drop --arm, "
+                           "--seed and --workdir.")
+    run_all(smoke=_SMOKE.value, results=_RESULTS.value, start=_START.value)
+    return
   run(_ARM.value, _SEED.value, smoke=_SMOKE.value, workdir=_WORKDIR.value,
       results=_RESULTS.value, start=_START.value)
 
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _ARM, _RESULTS, _SEED, _SMOKE, _START, _WORKDIR
+  global _ALL, _ARM, _RESULTS, _SEED, _SMOKE, _START, _WORKDIR
+  _ALL = flags.DEFINE_bool("all", False, "Every arm x seed without a finished results JSON, "
+                           "seed by seed (resumes an interrupted queue).")
   _ARM = flags.DEFINE_string("arm", "spade", "spade | static | solve_rate | frozen_designer.")
   _SEED = flags.DEFINE_integer("seed", 0, "Run seed.")
   _SMOKE = flags.DEFINE_bool("smoke", False, "A two-iteration run of a tiny model.")

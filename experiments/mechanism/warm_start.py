@@ -490,14 +490,6 @@ def build_staged(out: str, *, smoke: bool = False, stages=STAGES,
   return levels
 
 
-# The flags the single recipe reads; the staged one refuses them (its stages fix them).
-BUILD_FLAGS = ("steps", "batch_size", "seq_len", "num_microbatches", "remat",
-               "learning_rate", "designer_rows", "designer_balance", "agent_rows", "worked",
-               "copy_rows", "init_from", "induction_steps", "induction_lr", "drill_rows",
-               "drill", "induction_mix", "families", "checkpoint_every", "measure_episodes",
-               "measure_designs")
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -508,7 +500,8 @@ def main(argv):
     print(snapshot(out, smoke=smoke, step=_SNAPSHOT_STEP.value or None))
     return
   if _RECIPE.value == "staged":
-    given = [f"--{n}" for n in BUILD_FLAGS if flags.FLAGS[n].present]
+    # The single recipe's flags are named as build's arguments; the stages fix those.
+    given = [f"--{n}" for n in DEFAULTS if flags.FLAGS[n].present]
     if given:
       raise app.UsageError(f"{', '.join(given)} set the single recipe's build; the staged "
                            "recipe's stages are fixed (warm_start.STAGES). Add "

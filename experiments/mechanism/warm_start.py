@@ -533,40 +533,50 @@ def main(argv):
     print(f"wrote {path}")
 
 
-def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
-  """The warm start's record for the report: build settings, data, loss curve, levels."""
-  def read(name):
-    p = os.path.join(out, name)
-    return json.load(open(p)) if os.path.isfile(p) else None
+def _read_json(path: str):
+  """The JSON in ``path``, or None when there is no such file."""
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _loss_curve(out: str) -> list:
+  """A build's logged [step, loss] pairs (``train_log.jsonl``)."""
   log = os.path.join(out, "train_log.jsonl")
-  curve = ([json.loads(l) for l in open(log) if l.strip()] if os.path.isfile(log) else [])
-  record = {"build": build_kw, "data": read("data_stats.json"),
-            "induction": read("induction_curve.json"),
-            "loss": [[r["step"], r.get("loss")] for r in curve], "levels": levels}
+  if not os.path.isfile(log):
+    return []
+  with open(log) as f:
+    return [[r["step"], r.get("loss")] for r in map(json.loads, filter(str.strip, f))]
+
+
+def _record(out: str, build_kw: dict, levels: dict) -> dict:
+  return {"build": build_kw, "data": _read_json(os.path.join(out, "data_stats.json")),
+          "induction": _read_json(os.path.join(out, "induction_curve.json")),
+          "loss": _loss_curve(out), "levels": levels}
+
+
+def _write_record(record: dict, path: str) -> str:
   os.makedirs(os.path.dirname(path), exist_ok=True)
   with open(path, "w") as f:
     json.dump(record, f, indent=1)
   return path
 
 
+def write_results(out: str, build_kw: dict, levels: dict, path: str) -> str:
+  """The warm start's record for the report: build settings, data, loss curve, levels."""
+  return _write_record(_record(out, build_kw, levels), path)
+
+
 def write_staged_results(out: str, levels: dict, path: str, stages=STAGES) -> str:
   """A staged build's record: the last stage's record (its data, loss curve and the
   warm start's levels) with every stage's arguments, loss curve and levels."""
   dirs = stage_dirs(out, stages)
-  write_results(dirs[-1], {"recipe": "staged"}, levels, path)
-  with open(path) as f:
-    record = json.load(f)
-  record["stages"] = []
-  for (name, kw), d in zip(stages, dirs):
-    log = os.path.join(d, "train_log.jsonl")
-    curve = [json.loads(l) for l in open(log) if l.strip()] if os.path.isfile(log) else []
-    lv = os.path.join(d, "levels.json")
-    record["stages"].append({"name": name, "build": stage_build(kw),
-                             "loss": [[r["step"], r.get("loss")] for r in curve],
-                             "levels": json.load(open(lv)) if os.path.isfile(lv) else None})
-  with open(path, "w") as f:
-    json.dump(record, f, indent=1)
-  return path
+  record = _record(dirs[-1], {"recipe": "staged"}, levels)
+  record["stages"] = [{"name": name, "build": stage_build(kw), "loss": _loss_curve(d),
+                       "levels": _read_json(os.path.join(d, "levels.json"))}
+                      for (name, kw), d in zip(stages, dirs)]
+  return _write_record(record, path)
 
 
 # What `python -m experiments.mechanism.warm_start --recipe=single` builds (the flags'

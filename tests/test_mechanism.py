@@ -353,10 +353,21 @@ def test_run_all_queues_the_unfinished_runs_seed_by_seed(tmp_path):
 def test_staged_recipe_arguments():
   from experiments.mechanism import warm_start
   names = [n for n, _ in warm_start.STAGES]
-  assert names == ["worked", "drill", "designer", "families"]
+  assert names == ["worked", "drill", "designer", "designer_2", "families", "families_2",
+                   "families_3", "families_4"]
   full = [warm_start.stage_build(kw) for _, kw in warm_start.STAGES]
   # Only the first stage trains stage 0; the last plays every seen family, balanced.
-  assert [k["induction_steps"] for k in full] == [400, 0, 0, 0]
+  assert [k["induction_steps"] for k in full] == [400] + [0] * 7
+  # The long builds run in pieces of <= 300 steps, each on the batches the last one had
+  # not reached (same rows: the same data arguments).
+  assert max(k["steps"] for k in full) <= 600 and all(
+      k["steps"] <= 300 for k in full if k["seq_len"] > 1024)
+  assert [k["batch_offset"] for k in full] == [0, 0, 0, 240, 0, 300, 600, 900]
+  for a, b in zip(full, full[1:]):
+    if b["batch_offset"]:
+      assert b["batch_offset"] == a["batch_offset"] + a["steps"]
+      assert {k: v for k, v in a.items() if k != "batch_offset"} == {
+          k: v for k, v in b.items() if k != "batch_offset"}
   assert full[-1]["families"] == "" and full[-1]["designer_balance"] == "family"
   assert full[-1]["drill"] == "equations" and all(k["num_microbatches"] == 1 for k in full)
   small = warm_start.stage_build(warm_start.STAGES[0][1], smoke=True)
@@ -373,11 +384,11 @@ def test_staged_smoke_build_chains_weights_and_tokenizer(tmp_path):
   last one's checkpoint, its tokenizer carried over; the last one's is the warm start."""
   from experiments.mechanism import warm_start
   from spade_jax import models
-  out = str(tmp_path / "ws")
-  levels = warm_start.build_staged(out, smoke=True)
+  out, store = str(tmp_path / "ws"), str(tmp_path / "store")
+  levels = warm_start.build_staged(out, smoke=True, store=store)
   dirs = warm_start.stage_dirs(out)
-  assert [os.path.basename(d) for d in dirs] == ["0_worked", "1_drill", "2_designer",
-                                                  "3_families"]
+  assert [os.path.basename(d) for d in dirs] == [
+      f"{i}_{n}" for i, (n, _) in enumerate(warm_start.STAGES)]
   tok = [open(os.path.join(d, "tokenizer", "tokenizer.json")).read() for d in dirs]
   assert all(t == tok[0] for t in tok)  # adopted from the stage before, never retrained
   assert os.path.isfile(os.path.join(dirs[0], "induction", "config.json"))
@@ -389,7 +400,7 @@ def test_staged_smoke_build_chains_weights_and_tokenizer(tmp_path):
   assert json.load(open(os.path.join(out, "levels.json"))) == levels
   assert "designer" in levels  # the last stage measures the designer
   rec = json.load(open(warm_start.write_staged_results(out, levels, str(tmp_path / "r.json"))))
-  assert [s["name"] for s in rec["stages"]] == ["worked", "drill", "designer", "families"]
+  assert [s["name"] for s in rec["stages"]] == [n for n, _ in warm_start.STAGES]
   assert all(s["loss"] and s["levels"] for s in rec["stages"]) and rec["levels"] == levels
   assert rec["stages"][0]["build"]["steps"] == 600  # the recipe's, not the smoke's
   # A look midway: a stage's checkpoint exported beside it, as the build would export it.
@@ -401,7 +412,41 @@ def test_staged_smoke_build_chains_weights_and_tokenizer(tmp_path):
   with pytest.raises(FileNotFoundError, match="no checkpoint"):
     warm_start.snapshot(str(tmp_path / "empty"), smoke=True)
   # A rerun finds every stage done and changes nothing.
-  assert warm_start.build_staged(out, smoke=True) == levels
+  assert warm_start.build_staged(out, smoke=True, store=store) == levels
+  # Every stage was stored; another checkout's build takes them all and trains nothing.
+  stored = warm_start.store_dirs(store)
+  meta = [json.load(open(os.path.join(d, "stage.json"))) for d in stored]
+  assert [m["name"] for m in meta] == [n for n, _ in warm_start.STAGES]
+  assert [m["sha256"] for m in meta] == [common.weights_digest(os.path.join(d, "hf"))
+                                         for d in dirs]
+  assert warm_start.publish_staged(out, store, smoke=True) == stored  # already there
+  fresh = str(tmp_path / "fresh")
+  assert warm_start.build_staged(fresh, smoke=True, store=store) == levels
+  assert common.weights_digest(os.path.join(fresh, "hf")) == meta[-1]["sha256"]
+  assert not any(os.path.exists(os.path.join(d, "train"))
+                 for d in warm_start.stage_dirs(fresh))
+  assert json.load(open(os.path.join(warm_start.stage_dirs(fresh)[0], "levels.json"))) == (
+      json.load(open(os.path.join(dirs[0], "levels.json"))))
+  # Half a build stored: a checkout goes on from the first stage missing.
+  half = str(tmp_path / "half")
+  assert warm_start.publish_staged(out, half, smoke=True, stages=warm_start.STAGES[:2]) == (
+      warm_start.store_dirs(half)[:2])
+  with pytest.raises(ValueError, match="other weights"):  # not what others start from
+    warm_start.publish_stage(dirs[0], stored[1], "drill", {})
+  with pytest.raises(FileNotFoundError, match="not finished"):
+    warm_start.publish_stage(str(tmp_path / "empty"), str(tmp_path / "s"), "worked", {})
+  # A stored stage the recipe no longer builds, or a damaged copy, is refused.
+  m0 = os.path.join(stored[1], "stage.json")
+  json.dump(dict(meta[1], build=dict(meta[1]["build"], steps=99)), open(m0, "w"))
+  with pytest.raises(ValueError, match=r"other arguments.*\['steps'\]"):
+    warm_start.build_staged(str(tmp_path / "stale"), smoke=True, store=store)
+  json.dump(meta[1], open(m0, "w"))
+  weights = [n for n in os.listdir(os.path.join(stored[1], "hf")) if n.endswith(".safetensors")]
+  with open(os.path.join(stored[1], "hf", weights[0]), "r+b") as f:
+    f.seek(-4, 2)
+    f.write(b"\0\1\2\3")
+  with pytest.raises(ValueError, match="damaged"):
+    warm_start.build_staged(str(tmp_path / "bad_copy"), smoke=True, store=store)
   # A build whose tokenizer differs from its --init_from's refuses to start.
   other = tmp_path / "other"
   (other / "tokenizer").mkdir(parents=True)

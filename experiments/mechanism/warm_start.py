@@ -3,11 +3,16 @@ r"""Builds (or resumes) the warm-start checkpoint every arm of the experiment st
   python -m experiments.mechanism.warm_start [--smoke]                  # the staged recipe
   python -m experiments.mechanism.warm_start --recipe=single [--steps=N ...]
   python -m experiments.mechanism.warm_start --out=DIR --snapshot   # a look midway
+  python -m experiments.mechanism.warm_start --out=DIR --publish    # store finished stages
 
 One command, cached under ``$SPADE_JAX_CACHE/mechanism/warm_start[_smoke]/``. The default
 (``--recipe=staged``) runs the builds of ``STAGES`` in ``stages/<i>_<name>/``, each from the
 last one's weights and tokenizer, and takes the last one's ``hf/`` and ``levels.json``;
-``--recipe=single`` runs one build from the flags. A build does this:
+``--recipe=single`` runs one build from the flags. Each finished stage is also stored in
+``experiments/mechanism/stages/<i>_<name>/`` (``--store``; weights, tokenizer, records and
+a ``stage.json`` with the stage's arguments and weights' SHA-256), which is committed: a
+build on another checkout takes the stored stages and goes on from the first one missing,
+so the ~13 h recipe runs in pieces of at most ~2 h. A build does this:
 
 1. ``tokenizer/``: a 6,144-id byte-level BPE with Qwen3's pre-tokenizer split (one token per
    digit) trained offline (``tokenizers``) on the texts the experiment reads and writes:
@@ -148,11 +153,13 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
 
 def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: int,
           learning_rate: float, checkpoint_every: int, micro: int = 1, remat: str = "full",
-          init_from: str = ""):
+          init_from: str = "", batch_offset: int = 0):
   """SFT with checkpoints under ``out/train``; returns the final params.
 
   ``init_from``: an HF directory whose weights start a build that has no checkpoint yet
   (a fresh optimizer and schedule); ignored once the build has a checkpoint.
+  ``batch_offset``: batches of the packed stream skipped before the first step, so a build
+  that continues another on the same rows trains on the batches that one had not reached.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -174,7 +181,7 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
     start = int(host["step"])
     _log(f"resumed at step {start}")
   batches = data.pack(rows, batch_size, seq_len, seed=0)
-  for _ in range(start):  # the same batch order as an uninterrupted build
+  for _ in range(batch_offset + start):  # the same batch order as an uninterrupted build
     next(batches)
   log = open(os.path.join(out, "train_log.jsonl"), "a")
   t0, tokens = time.time(), 0
@@ -346,7 +353,8 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
           remat: str = "full", worked: bool = False, copy_rows: int = 0,
           init_from: str = "", induction_steps: int = 0, induction_lr: float = 1e-3,
           induction_mix: int = 0, drill_rows: int = 0, drill: str = "arithmetic",
-          designer_balance: str = "skill", families=(), force: bool = False) -> dict:
+          designer_balance: str = "skill", families=(), batch_offset: int = 0,
+          force: bool = False) -> dict:
   """Runs every stage not yet done; returns the measured levels.
 
   ``families``: a subset of the seen families that the agent transcripts play and the agent
@@ -399,7 +407,8 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
       _log(f"mixed {drill_rows} {drill} drill rows into the supervised rows")
     params = train(out, model_cfg, rows, steps=steps, batch_size=batch_size, seq_len=seq_len,
                    learning_rate=learning_rate, checkpoint_every=checkpoint_every,
-                   micro=num_microbatches, remat=remat, init_from=init_from)
+                   micro=num_microbatches, remat=remat, init_from=init_from,
+                   batch_offset=batch_offset)
     export(out, params, model_cfg, tok_dir)
     _log(f"wrote {hf}")
   levels_path = os.path.join(out, "levels.json")
@@ -418,7 +427,16 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
 # its starting level on arithmetic_chain and the designer to 13 of 16 valid programs (see
 # the mechanism README), then every seen family. Each stage is a ``build`` in
 # ``stages/<i>_<name>/`` started from the previous stage's weights and tokenizer; the
-# flags not named are ``DEFAULTS`` with one micro-batch.
+# flags not named are ``DEFAULTS`` with one micro-batch. The designer and families builds
+# run as pieces of at most 300 steps (~2 h on 2 cores each): a piece continues the one
+# before it on the same rows (``batch_offset``) with its own warm-up and cosine decay.
+_DESIGNER_STAGE = dict(designer_rows=1000, agent_rows=3000, drill_rows=3000, seq_len=2560,
+                       steps=240, worked=True, learning_rate=1e-3, measure_designs=16,
+                       measure_episodes=40, families="arithmetic_chain")
+_FAMILIES_STAGE = dict(designer_rows=1000, designer_balance="family", agent_rows=20000,
+                       drill="equations", drill_rows=10000, seq_len=2560, steps=300,
+                       worked=True, learning_rate=1e-3, measure_designs=16,
+                       measure_episodes=40)
 STAGES = (
     ("worked", dict(designer_rows=0, agent_rows=8000, seq_len=1024, steps=600, worked=True,
                     induction_steps=400, induction_mix=10000, learning_rate=1e-3,
@@ -426,13 +444,12 @@ STAGES = (
     ("drill", dict(designer_rows=0, agent_rows=32000, seq_len=1024, steps=600, worked=True,
                    induction_mix=10000, drill_rows=20000, learning_rate=1e-3,
                    measure_designs=0, measure_episodes=40, families="arithmetic_chain")),
-    ("designer", dict(designer_rows=1000, agent_rows=3000, drill_rows=3000, seq_len=2560,
-                      steps=480, worked=True, learning_rate=1e-3, measure_designs=16,
-                      measure_episodes=40, families="arithmetic_chain")),
-    ("families", dict(designer_rows=1000, designer_balance="family", agent_rows=20000,
-                      drill="equations", drill_rows=10000, seq_len=2560, steps=1200,
-                      worked=True, learning_rate=1e-3, measure_designs=16,
-                      measure_episodes=40)),
+    ("designer", _DESIGNER_STAGE),
+    ("designer_2", dict(_DESIGNER_STAGE, batch_offset=240)),
+    ("families", _FAMILIES_STAGE),
+    ("families_2", dict(_FAMILIES_STAGE, batch_offset=300)),
+    ("families_3", dict(_FAMILIES_STAGE, batch_offset=600)),
+    ("families_4", dict(_FAMILIES_STAGE, batch_offset=900)),
 )
 
 
@@ -446,6 +463,7 @@ def stage_build(kw: dict, smoke: bool = False) -> dict:
   out = dict(DEFAULTS, num_microbatches=1, **kw)
   if smoke:
     out.update(steps=2, seq_len=2048, checkpoint_every=2, measure_episodes=1,
+               batch_offset=2 if out["batch_offset"] else 0,
                measure_designs=min(out["measure_designs"], 2),
                designer_rows=min(out["designer_rows"], 4), agent_rows=8,
                drill_rows=min(out["drill_rows"], 4),
@@ -454,19 +472,112 @@ def stage_build(kw: dict, smoke: bool = False) -> dict:
   return out
 
 
-def stage_dirs(out: str, stages=STAGES) -> list[str]:
+def stage_dirs(out: str, stages=STAGES, sub: str = "stages") -> list[str]:
   """The build directory of each stage of a staged build in ``out``."""
-  return [os.path.join(out, "stages", f"{i}_{name}") for i, (name, _) in enumerate(stages)]
+  return [os.path.join(out, sub, f"{i}_{name}") for i, (name, _) in enumerate(stages)]
 
 
-def build_staged(out: str, *, smoke: bool = False, stages=STAGES,
-                 force: bool = False) -> dict:
+# What a stage's copy in the store holds besides its ``hf/``: its records.
+STORE_FILES = ("levels.json", "train_log.jsonl", "data_stats.json", "induction_curve.json")
+
+
+def _stage_args(kw: dict) -> dict:
+  """A stage's build arguments as JSON gives them back, less the path it started from."""
+  return json.loads(json.dumps({k: v for k, v in sorted(kw.items()) if k != "init_from"}))
+
+
+def publish_stage(d: str, store: str, name: str, kw: dict) -> str:
+  """Copies the finished stage in ``d`` (``hf/`` and its records) to ``store`` with a
+  ``stage.json`` naming the stage, its build arguments and its weights' SHA-256, so a
+  fresh checkout continues the staged build after it. A copy already there with other
+  weights raises: it is what other checkouts start from."""
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  hf = os.path.join(d, "hf")
+  if not (os.path.isfile(os.path.join(hf, "config.json"))
+          and os.path.isfile(os.path.join(d, "levels.json"))):
+    raise FileNotFoundError(f"stage {name!r} in {d} is not finished (no hf/config.json or "
+                            "levels.json); run the build to its end first.")
+  meta = {"name": name, "build": _stage_args(kw), "sha256": common.weights_digest(hf)}
+  held = _read_json(os.path.join(store, "stage.json"))
+  if held is not None:
+    if held["sha256"] != meta["sha256"]:
+      raise ValueError(f"{store} already holds stage {held['name']!r} with other weights "
+                       f"than {hf}; other checkouts start from the stored one. Remove "
+                       f"{store} (and the stages after it) to store this build instead.")
+    return store
+  parent = os.path.dirname(os.path.abspath(store))
+  os.makedirs(parent, exist_ok=True)
+  tmp = tempfile.mkdtemp(prefix=".stage.", dir=parent)
+  shutil.copytree(hf, os.path.join(tmp, "hf"))
+  for n in STORE_FILES:
+    if os.path.isfile(os.path.join(d, n)):
+      shutil.copyfile(os.path.join(d, n), os.path.join(tmp, n))
+  with open(os.path.join(tmp, "stage.json"), "w") as f:
+    json.dump(meta, f, indent=1)
+  os.rename(tmp, store)
+  _log(f"stored stage {name!r} in {store}")
+  return store
+
+
+def seed_stage(d: str, store: str, name: str, kw: dict) -> bool:
+  """Fills the stage directory ``d`` from its stored copy (weights, tokenizer, records) when
+  ``d`` has no ``hf/`` yet and ``store`` holds one; returns whether it did. A stored copy
+  built with other arguments, or whose weights do not match their digest, raises."""
+  from spade_jax import models  # pylint: disable=g-import-not-at-top
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  meta = _read_json(os.path.join(store, "stage.json"))
+  if meta is None or os.path.isfile(os.path.join(d, "hf", "config.json")):
+    return False
+  args = _stage_args(kw)
+  if meta["name"] != name or meta["build"] != args:
+    diff = sorted(k for k in set(meta["build"]) | set(args)
+                  if meta["build"].get(k) != args.get(k))
+    raise ValueError(f"{store} holds stage {meta['name']!r} built with other arguments than "
+                     f"this recipe's stage {name!r} (differing: {diff or ['name']}). Remove "
+                     f"{store} and the stages after it to rebuild them, or pass --store='' "
+                     "to build without the store.")
+  src = os.path.join(store, "hf")
+  if common.weights_digest(src) != meta["sha256"]:
+    raise ValueError(f"{src}'s weights do not match the SHA-256 in {store}/stage.json; the "
+                     "copy is damaged: restore it from version control.")
+  os.makedirs(d, exist_ok=True)
+  for n in STORE_FILES:  # records first: hf/ is what marks the stage done
+    if os.path.isfile(os.path.join(store, n)):
+      shutil.copyfile(os.path.join(store, n), os.path.join(d, n))
+  if not os.path.isfile(os.path.join(d, "tokenizer", "tokenizer.json")):
+    tmp = tempfile.mkdtemp(prefix=".tokenizer.", dir=d)
+    models.copy_tokenizer_files(src, tmp)
+    if os.path.isdir(os.path.join(d, "tokenizer")):
+      shutil.rmtree(os.path.join(d, "tokenizer"))
+    os.rename(tmp, os.path.join(d, "tokenizer"))
+  tmp = tempfile.mkdtemp(prefix=".hf.", dir=d)
+  shutil.copytree(src, tmp, dirs_exist_ok=True)
+  if os.path.isdir(os.path.join(d, "hf")):
+    shutil.rmtree(os.path.join(d, "hf"))
+  os.rename(tmp, os.path.join(d, "hf"))
+  _log(f"stage {name!r} taken from {store}")
+  return True
+
+
+def store_dirs(store: str, stages=STAGES) -> list[str]:
+  """Where each stage of a staged build is stored (``<store>/<i>_<name>``)."""
+  return stage_dirs(store, stages, sub="")
+
+
+def build_staged(out: str, *, smoke: bool = False, stages=STAGES, force: bool = False,
+                 store: str = "") -> dict:
   """Runs every stage not yet done, each from the last one's ``hf/``; the last stage's
-  checkpoint and levels become ``out/hf`` and ``out/levels.json``. Returns those levels."""
+  checkpoint and levels become ``out/hf`` and ``out/levels.json``. Returns those levels.
+
+  ``store``: a directory of finished stages (``experiments/mechanism/stages`` for the
+  command's full-size build): a stage found there is taken instead of built, and each
+  stage built is stored there, so the build goes on from any checkout of the project.
+  """
   if not stages:
     raise ValueError("a staged build needs at least one stage.")
   prev, levels = "", {}
-  for i, ((name, kw), d) in enumerate(zip(stages, stage_dirs(out, stages))):
+  stored = store_dirs(store, stages) if store else [""] * len(stages)
+  for i, ((name, kw), d, sd) in enumerate(zip(stages, stage_dirs(out, stages), stored)):
     kw = stage_build(kw, smoke)
     if prev:
       if kw["induction_steps"]:
@@ -474,7 +585,11 @@ def build_staged(out: str, *, smoke: bool = False, stages=STAGES,
                          "before it; only the first stage may train a stage 0.")
       kw["init_from"] = prev
     _log(f"stage {i + 1}/{len(stages)} ({name}) in {d}")
+    if sd and not force:
+      seed_stage(d, sd, name, kw)
     levels = build(d, smoke=smoke, force=force, **kw)
+    if sd:
+      publish_stage(d, sd, name, kw)
     prev = os.path.join(d, "hf")
   hf = os.path.join(out, "hf")
   if force or not os.path.isfile(os.path.join(hf, "config.json")):
@@ -490,6 +605,17 @@ def build_staged(out: str, *, smoke: bool = False, stages=STAGES,
   return levels
 
 
+def publish_staged(out: str, store: str, *, smoke: bool = False, stages=STAGES) -> list:
+  """Stores every finished stage of the staged build in ``out`` (in order, up to the first
+  one not finished); returns the stored directories."""
+  done = []
+  for (name, kw), d, sd in zip(stages, stage_dirs(out, stages), store_dirs(store, stages)):
+    if not os.path.isfile(os.path.join(d, "levels.json")):
+      break
+    done.append(publish_stage(d, sd, name, stage_build(kw, smoke)))
+  return done
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -499,6 +625,15 @@ def main(argv):
   if _SNAPSHOT.value:
     print(snapshot(out, smoke=smoke, step=_SNAPSHOT_STEP.value or None))
     return
+  store = common.STORE if _STORE.value is None else _STORE.value
+  if smoke and _STORE.value is None:
+    store = ""  # the smoke build never touches the project's store
+  if _PUBLISH.value:
+    if not store:
+      raise app.UsageError("--publish stores finished stages in --store; give a directory.")
+    for d in publish_staged(out, store, smoke=smoke):
+      print(d)
+    return
   if _RECIPE.value == "staged":
     # The single recipe's flags are named as build's arguments; the stages fix those.
     given = [f"--{n}" for n in DEFAULTS if flags.FLAGS[n].present]
@@ -506,7 +641,7 @@ def main(argv):
       raise app.UsageError(f"{', '.join(given)} set the single recipe's build; the staged "
                            "recipe's stages are fixed (warm_start.STAGES). Add "
                            "--recipe=single to build from the flags.")
-    levels = build_staged(out, smoke=smoke, force=_FORCE.value)
+    levels = build_staged(out, smoke=smoke, force=_FORCE.value, store=store)
     print(json.dumps(levels, indent=1))
     record = _RECORD.value or ("warm_start" if not smoke and not _OUT.value else "")
     if record:
@@ -522,7 +657,7 @@ def main(argv):
             induction_steps=_INDUCTION.value, induction_lr=_INDUCTION_LR.value,
             induction_mix=_INDUCTION_MIX.value, drill_rows=_DRILL.value,
             drill=_DRILL_KIND.value, designer_balance=_BALANCE.value,
-            families=_FAMILIES.value)
+            families=_FAMILIES.value, batch_offset=_OFFSET.value)
   if smoke:
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
@@ -585,7 +720,7 @@ DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, desig
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4, remat="none", worked=False, copy_rows=0, init_from="",
                 induction_steps=0, induction_lr=1e-3, induction_mix=0, drill_rows=0,
-                drill="arithmetic", designer_balance="skill", families="")
+                drill="arithmetic", designer_balance="skill", families="", batch_offset=0)
 SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
                    agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2,
                    worked=True, induction_steps=2, induction_mix=16, drill_rows=4)
@@ -593,7 +728,7 @@ SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, desi
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _SNAPSHOT, _SNAPSHOT_STEP, _RECIPE, _BALANCE, _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _OFFSET, _PUBLISH, _STORE, _SNAPSHOT, _SNAPSHOT_STEP, _RECIPE, _BALANCE, _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _RECIPE = flags.DEFINE_enum(
       "recipe", "staged", ["staged", "single"], "'staged': the stages of STAGES, each from "
       "the last one's weights (~13 h on 2 cores, each stage resumable); 'single': one build "
@@ -602,9 +737,21 @@ def _define_flags() -> None:
       "snapshot", False, "Only export --out's latest checkpoint (or --snapshot_step's) to "
       "hf_<step>/ and exit; the build itself may keep running (a staged build's stage is "
       "--out=<warm start>/stages/<i>_<name>).")
+  _STORE = flags.DEFINE_string(
+      "store", None, "Directory of finished stages of the staged recipe: stages found there "
+      "are taken instead of built, and each stage built is stored there (default: "
+      "experiments/mechanism/stages, committed with the project, so a build goes on from any "
+      "checkout; none for --smoke; '' turns it off).")
+  _PUBLISH = flags.DEFINE_bool(
+      "publish", False, "Only store the finished stages of the staged build in --out in "
+      "--store, and exit.")
   _SNAPSHOT_STEP = flags.DEFINE_integer("snapshot_step", 0, "The step --snapshot exports "
                                         "(default: the latest).")
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
+  _OFFSET = flags.DEFINE_integer(
+      "batch_offset", 0, "Packed batches skipped before the first step: a build that "
+      "continues another on the same rows (same data flags) from its --init_from passes "
+      "that build's --steps, so it trains on batches the other had not reached.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
   _MICRO = flags.DEFINE_integer("num_microbatches", 4, "Micro-batches per step (memory).")

@@ -43,7 +43,7 @@ def run(arm: str, seed: int, *, smoke: bool = False, workdir: str = "",
       if smoke:  # one tiny build, not the stages: minutes
         warm_start.build(ws, smoke=True, **dict(warm_start.DEFAULTS, **warm_start.SMOKE_BUILD))
       else:
-        warm_start.build_staged(ws)
+        warm_start.build_staged(ws, store=common.STORE)
   cfg = config.get_config(f"arm={arm},seed={seed}" + (",smoke" if smoke else "") +
                           (f",warm_start={start}" if start else ""))
   hf = cfg.model.init_from.removeprefix("hf:")

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -353,21 +354,10 @@ def test_run_all_queues_the_unfinished_runs_seed_by_seed(tmp_path):
 def test_staged_recipe_arguments():
   from experiments.mechanism import warm_start
   names = [n for n, _ in warm_start.STAGES]
-  assert names == ["worked", "drill", "designer", "designer_2", "families", "families_2",
-                   "families_3", "families_4"]
+  assert names == ["worked", "drill", "designer", "families"]
   full = [warm_start.stage_build(kw) for _, kw in warm_start.STAGES]
   # Only the first stage trains stage 0; the last plays every seen family, balanced.
-  assert [k["induction_steps"] for k in full] == [400] + [0] * 7
-  # The long builds run in pieces of <= 300 steps, each on the batches the last one had
-  # not reached (same rows: the same data arguments).
-  assert max(k["steps"] for k in full) <= 600 and all(
-      k["steps"] <= 300 for k in full if k["seq_len"] > 1024)
-  assert [k["batch_offset"] for k in full] == [0, 0, 0, 240, 0, 300, 600, 900]
-  for a, b in zip(full, full[1:]):
-    if b["batch_offset"]:
-      assert b["batch_offset"] == a["batch_offset"] + a["steps"]
-      assert {k: v for k, v in a.items() if k != "batch_offset"} == {
-          k: v for k, v in b.items() if k != "batch_offset"}
+  assert [k["induction_steps"] for k in full] == [400, 0, 0, 0]
   assert full[-1]["families"] == "" and full[-1]["designer_balance"] == "family"
   assert full[-1]["drill"] == "equations" and all(k["num_microbatches"] == 1 for k in full)
   small = warm_start.stage_build(warm_start.STAGES[0][1], smoke=True)
@@ -417,6 +407,7 @@ def test_staged_smoke_build_chains_weights_and_tokenizer(tmp_path):
   stored = warm_start.store_dirs(store)
   meta = [json.load(open(os.path.join(d, "stage.json"))) for d in stored]
   assert [m["name"] for m in meta] == [n for n, _ in warm_start.STAGES]
+  assert all(m["finished"] and m["step"] == 2 for m in meta)
   assert [m["sha256"] for m in meta] == [common.weights_digest(os.path.join(d, "hf"))
                                          for d in dirs]
   assert warm_start.publish_staged(out, store, smoke=True) == stored  # already there
@@ -432,8 +423,9 @@ def test_staged_smoke_build_chains_weights_and_tokenizer(tmp_path):
   assert warm_start.publish_staged(out, half, smoke=True, stages=warm_start.STAGES[:2]) == (
       warm_start.store_dirs(half)[:2])
   with pytest.raises(ValueError, match="other weights"):  # not what others start from
-    warm_start.publish_stage(dirs[0], stored[1], "drill", {})
-  with pytest.raises(FileNotFoundError, match="not finished"):
+    warm_start.publish_stage(dirs[0], stored[1], "drill",
+                             warm_start.stage_build(warm_start.STAGES[0][1], smoke=True))
+  with pytest.raises(FileNotFoundError, match="nothing to store"):
     warm_start.publish_stage(str(tmp_path / "empty"), str(tmp_path / "s"), "worked", {})
   # A stored stage the recipe no longer builds, or a damaged copy, is refused.
   m0 = os.path.join(stored[1], "stage.json")
@@ -456,6 +448,54 @@ def test_staged_smoke_build_chains_weights_and_tokenizer(tmp_path):
   with pytest.raises(ValueError, match="only the first stage"):
     warm_start.build_staged(str(tmp_path / "bad"), smoke=True, stages=(
         warm_start.STAGES[1], warm_start.STAGES[0]))
+
+
+def test_stored_unfinished_stage_goes_on_from_its_step(tmp_path):
+  """A stage stopped midway is stored as its latest checkpoint's weights and step; another
+  checkout's build takes them, skips stage 0, trains the remaining steps with the schedule
+  where it was, and its finished copy replaces the unfinished one."""
+  import optax
+  from experiments.mechanism import warm_start
+  from spade_jax import models
+  kw = warm_start.stage_build(warm_start.STAGES[0][1], smoke=True)  # 2 steps, stage 0 too
+  first, store = str(tmp_path / "a"), str(tmp_path / "store")
+  warm_start.build(first, smoke=True, **kw)
+  # As if a 4-step build had stopped after its step-2 checkpoint.
+  kw4 = dict(kw, steps=4)
+  shutil.rmtree(os.path.join(first, "hf"))
+  os.remove(os.path.join(first, "levels.json"))
+  warm_start.publish_stage(first, store, "worked", kw4, smoke=True)
+  meta = json.load(open(os.path.join(store, "stage.json")))
+  assert (meta["finished"], meta["step"], meta["build"]["steps"]) == (False, 2, 4)
+  assert not os.path.exists(os.path.join(first, "hf_2"))  # the export is not left behind
+  # A build at the same step stores nothing new; one with other arguments is refused.
+  assert warm_start.publish_stage(first, store, "worked", kw4, smoke=True) == store
+  with pytest.raises(ValueError, match=r"other arguments.*\['steps'\]"):
+    warm_start.seed_stage(str(tmp_path / "x"), store, "worked", kw)
+  second = str(tmp_path / "b")
+  assert warm_start.seed_stage(second, store, "worked", kw4)
+  stored, _ = models.load_hf(os.path.join(second, "stored_hf"))
+  warm_start.build(second, smoke=True, **kw4)
+  assert not os.path.exists(os.path.join(second, "induction"))  # stage 0 not rerun
+  steps = [json.loads(l)["step"] for l in open(os.path.join(second, "train_log.jsonl"))]
+  assert steps == [2, 4]  # the stored log, then the steps trained here
+  done, _ = models.load_hf(os.path.join(second, "hf"))
+  assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(stored),
+                                                      jax.tree.leaves(done)))
+  warm_start.publish_stage(second, store, "worked", kw4, smoke=True)
+  meta = json.load(open(os.path.join(store, "stage.json")))
+  assert (meta["finished"], meta["step"]) == (True, 4)
+  assert meta["sha256"] == common.weights_digest(os.path.join(second, "hf"))
+  # The schedule moves on; the AdamW moments and their count start fresh.
+  trainer = warm_start._trainer(models.get_preset("tiny", **common.SMOKE_MODEL), steps=10,
+                                batch_size=8, seq_len=64, learning_rate=1e-3, micro=1,
+                                remat="none")
+  state = warm_start.schedule_at(trainer.init_state(jax.random.key(0)), 5)
+  leaves = jax.tree.leaves(state.opt_state, is_leaf=lambda s: isinstance(
+      s, (optax.ScaleByScheduleState, optax.ScaleByAdamState)))
+  assert [int(s.count) for s in leaves if isinstance(s, optax.ScaleByScheduleState)] == [5]
+  assert [int(s.count) for s in leaves if isinstance(s, optax.ScaleByAdamState)] == [0]
+  assert int(state.step) == 5
 
 
 def test_staged_recipe_refuses_single_build_flags():

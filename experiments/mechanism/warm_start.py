@@ -160,6 +160,8 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
   (a fresh optimizer and schedule); ignored once the build has a checkpoint.
   ``batch_offset``: batches of the packed stream skipped before the first step, so a build
   that continues another on the same rows trains on the batches that one had not reached.
+  A build with no checkpoint of its own and an ``out/resume.json`` (a stored unfinished
+  stage, :func:`seed_stage`) goes on from the weights and step it names.
   """
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -168,14 +170,22 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
   trainer = _trainer(model_cfg, steps=steps, batch_size=batch_size, seq_len=seq_len,
                      learning_rate=learning_rate, micro=micro, remat=remat)
   ckpt = checkpoint.Checkpointer(os.path.join(out, "train"), keep=2)
-  if init_from and ckpt.latest_step() is None:
+  resume = _read_json(os.path.join(out, RESUME))
+  start = 0
+  if resume and ckpt.latest_step() is None:
+    from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+    start = int(resume["step"])
+    state = schedule_at(trainer.state_from_params(common.load_start(
+        resume["hf"], model_cfg, "the stored stage is of another experiment size")), start)
+    _log(f"went on at step {start} from the stored weights in {resume['hf']} (fresh AdamW "
+         "moments; the learning-rate schedule continues)")
+  elif init_from and ckpt.latest_step() is None:
     from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
     state = trainer.state_from_params(common.load_start(
         init_from, model_cfg, "use a checkpoint of the same experiment size"))
     _log(f"started from the weights in {init_from}")
   else:
     state = trainer.init_state(jax.random.key(0))
-  start = 0
   if ckpt.latest_step() is not None:
     state, _, host = ckpt.restore(state, {"step": np.zeros((), np.int32)})
     start = int(host["step"])
@@ -202,6 +212,24 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
   log.close()
   ckpt.close()
   return state.params
+
+
+RESUME = "resume.json"  # in a build directory: the stored weights and step it goes on from
+
+
+def schedule_at(state, step: int):
+  """``state`` (a fresh train state) with its step and every learning-rate schedule's count
+  at ``step``, the AdamW moments and their bias-correction count left fresh: how a build
+  goes on from stored weights without their optimizer state."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import optax  # pylint: disable=g-import-not-at-top
+  is_sched = lambda s: isinstance(s, optax.ScaleByScheduleState)
+  opt = jax.tree.map(lambda s: s._replace(count=jnp.full_like(s.count, step))
+                     if is_sched(s) else s, state.opt_state, is_leaf=is_sched)
+  if not any(is_sched(s) for s in jax.tree.leaves(state.opt_state, is_leaf=is_sched)):
+    raise ValueError("the optimizer has no learning-rate schedule state to move on.")
+  return state.replace(step=jnp.full_like(state.step, step), opt_state=opt)
 
 
 def _trainer(model_cfg, *, steps: int, batch_size: int, seq_len: int, learning_rate: float,
@@ -394,7 +422,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
                       worked=worked, copy_rows=copy_rows, families=families,
                       designer_balance=designer_balance)
     ids = data_ids(rows) if induction_steps or induction_mix else None
-    if induction_steps:
+    if induction_steps and not os.path.isfile(os.path.join(out, RESUME)):
       init_from = induction(out, smoke=smoke, steps=induction_steps,
                             learning_rate=induction_lr, vocab_size=shape["vocab_size"],
                             ids=ids)
@@ -427,16 +455,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
 # its starting level on arithmetic_chain and the designer to 13 of 16 valid programs (see
 # the mechanism README), then every seen family. Each stage is a ``build`` in
 # ``stages/<i>_<name>/`` started from the previous stage's weights and tokenizer; the
-# flags not named are ``DEFAULTS`` with one micro-batch. The designer and families builds
-# run as pieces of at most 300 steps (~2 h on 2 cores each): a piece continues the one
-# before it on the same rows (``batch_offset``) with its own warm-up and cosine decay.
-_DESIGNER_STAGE = dict(designer_rows=1000, agent_rows=3000, drill_rows=3000, seq_len=2560,
-                       steps=240, worked=True, learning_rate=1e-3, measure_designs=16,
-                       measure_episodes=40, families="arithmetic_chain")
-_FAMILIES_STAGE = dict(designer_rows=1000, designer_balance="family", agent_rows=20000,
-                       drill="equations", drill_rows=10000, seq_len=2560, steps=300,
-                       worked=True, learning_rate=1e-3, measure_designs=16,
-                       measure_episodes=40)
+# flags not named are ``DEFAULTS`` with one micro-batch.
 STAGES = (
     ("worked", dict(designer_rows=0, agent_rows=8000, seq_len=1024, steps=600, worked=True,
                     induction_steps=400, induction_mix=10000, learning_rate=1e-3,
@@ -444,12 +463,13 @@ STAGES = (
     ("drill", dict(designer_rows=0, agent_rows=32000, seq_len=1024, steps=600, worked=True,
                    induction_mix=10000, drill_rows=20000, learning_rate=1e-3,
                    measure_designs=0, measure_episodes=40, families="arithmetic_chain")),
-    ("designer", _DESIGNER_STAGE),
-    ("designer_2", dict(_DESIGNER_STAGE, batch_offset=240)),
-    ("families", _FAMILIES_STAGE),
-    ("families_2", dict(_FAMILIES_STAGE, batch_offset=300)),
-    ("families_3", dict(_FAMILIES_STAGE, batch_offset=600)),
-    ("families_4", dict(_FAMILIES_STAGE, batch_offset=900)),
+    ("designer", dict(designer_rows=1000, agent_rows=3000, drill_rows=3000, seq_len=2560,
+                      steps=480, worked=True, learning_rate=1e-3, measure_designs=16,
+                      measure_episodes=40, families="arithmetic_chain")),
+    ("families", dict(designer_rows=1000, designer_balance="family", agent_rows=20000,
+                      drill="equations", drill_rows=10000, seq_len=2560, steps=1200,
+                      worked=True, learning_rate=1e-3, measure_designs=16,
+                      measure_episodes=40)),
 )
 
 
@@ -486,25 +506,9 @@ def _stage_args(kw: dict) -> dict:
   return json.loads(json.dumps({k: v for k, v in sorted(kw.items()) if k != "init_from"}))
 
 
-def publish_stage(d: str, store: str, name: str, kw: dict) -> str:
-  """Copies the finished stage in ``d`` (``hf/`` and its records) to ``store`` with a
-  ``stage.json`` naming the stage, its build arguments and its weights' SHA-256, so a
-  fresh checkout continues the staged build after it. A copy already there with other
-  weights raises: it is what other checkouts start from."""
-  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
-  hf = os.path.join(d, "hf")
-  if not (os.path.isfile(os.path.join(hf, "config.json"))
-          and os.path.isfile(os.path.join(d, "levels.json"))):
-    raise FileNotFoundError(f"stage {name!r} in {d} is not finished (no hf/config.json or "
-                            "levels.json); run the build to its end first.")
-  meta = {"name": name, "build": _stage_args(kw), "sha256": common.weights_digest(hf)}
-  held = _read_json(os.path.join(store, "stage.json"))
-  if held is not None:
-    if held["sha256"] != meta["sha256"]:
-      raise ValueError(f"{store} already holds stage {held['name']!r} with other weights "
-                       f"than {hf}; other checkouts start from the stored one. Remove "
-                       f"{store} (and the stages after it) to store this build instead.")
-    return store
+def _store_copy(d: str, hf: str, store: str, meta: dict) -> str:
+  """Writes ``hf`` and ``d``'s records with ``meta`` as ``store/stage.json`` to ``store``,
+  replacing what was there only once the new copy is complete."""
   parent = os.path.dirname(os.path.abspath(store))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".stage.", dir=parent)
@@ -514,19 +518,70 @@ def publish_stage(d: str, store: str, name: str, kw: dict) -> str:
       shutil.copyfile(os.path.join(d, n), os.path.join(tmp, n))
   with open(os.path.join(tmp, "stage.json"), "w") as f:
     json.dump(meta, f, indent=1)
-  os.rename(tmp, store)
-  _log(f"stored stage {name!r} in {store}")
+  if os.path.isdir(store):
+    old = tempfile.mkdtemp(prefix=".old.", dir=parent)
+    os.rename(store, os.path.join(old, "stage"))
+    os.rename(tmp, store)
+    shutil.rmtree(old)
+  else:
+    os.rename(tmp, store)
+  return store
+
+
+def publish_stage(d: str, store: str, name: str, kw: dict, *, smoke: bool = False) -> str:
+  """Copies the stage in ``d`` to ``store`` with a ``stage.json`` naming the stage, its
+  build arguments, the step its weights are at and their SHA-256, so a fresh checkout
+  goes on from there: a finished stage (``hf/``, records, levels), or else, for a stage
+  that has trained some steps, its latest checkpoint's weights (``finished: false``). A
+  finished copy already there with other weights raises: other checkouts start from it."""
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  from spade_jax import checkpoint  # pylint: disable=g-import-not-at-top
+  held = _read_json(os.path.join(store, "stage.json"))
+  hf = os.path.join(d, "hf")
+  args = _stage_args(kw)
+  if (os.path.isfile(os.path.join(hf, "config.json"))
+      and os.path.isfile(os.path.join(d, "levels.json"))):
+    meta = {"name": name, "build": args, "finished": True, "step": args["steps"],
+            "sha256": common.weights_digest(hf)}
+    if held is not None and held.get("finished", True):
+      if held["sha256"] != meta["sha256"]:
+        raise ValueError(f"{store} already holds stage {held['name']!r} with other weights "
+                         f"than {hf}; other checkouts start from the stored one. Remove "
+                         f"{store} (and the stages after it) to store this build instead.")
+      return store
+    _store_copy(d, hf, store, meta)
+    _log(f"stored stage {name!r} in {store}")
+    return store
+  step = None
+  if os.path.isdir(os.path.join(d, "train")):
+    ckpt = checkpoint.Checkpointer(os.path.join(d, "train"), keep=2)
+    step = ckpt.latest_step()
+    ckpt.close()
+  if step is None:
+    raise FileNotFoundError(f"stage {name!r} in {d} has neither finished nor written a "
+                            "checkpoint; nothing to store.")
+  if held is not None and (held.get("finished", True) or held["step"] >= step):
+    return store  # already as far or further
+  snap = snapshot(d, smoke=smoke, step=step)
+  meta = {"name": name, "build": args, "finished": False, "step": step,
+          "sha256": common.weights_digest(snap)}
+  _store_copy(d, snap, store, meta)
+  shutil.rmtree(snap)
+  _log(f"stored stage {name!r} at step {step} of {args['steps']} in {store}")
   return store
 
 
 def seed_stage(d: str, store: str, name: str, kw: dict) -> bool:
-  """Fills the stage directory ``d`` from its stored copy (weights, tokenizer, records) when
-  ``d`` has no ``hf/`` yet and ``store`` holds one; returns whether it did. A stored copy
-  built with other arguments, or whose weights do not match their digest, raises."""
+  """Fills the stage directory ``d`` from its stored copy when ``d`` has no ``hf/`` and no
+  checkpoint of its own and ``store`` holds one: a finished stage's weights, tokenizer and
+  records, or an unfinished one's weights and step (``resume.json``: the build goes on
+  from there). Returns whether it did. A stored copy built with other arguments, or whose
+  weights do not match their digest, raises."""
   from spade_jax import models  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   meta = _read_json(os.path.join(store, "stage.json"))
-  if meta is None or os.path.isfile(os.path.join(d, "hf", "config.json")):
+  if (meta is None or os.path.isfile(os.path.join(d, "hf", "config.json"))
+      or os.path.isdir(os.path.join(d, "train"))):
     return False
   args = _stage_args(kw)
   if meta["name"] != name or meta["build"] != args:
@@ -550,12 +605,18 @@ def seed_stage(d: str, store: str, name: str, kw: dict) -> bool:
     if os.path.isdir(os.path.join(d, "tokenizer")):
       shutil.rmtree(os.path.join(d, "tokenizer"))
     os.rename(tmp, os.path.join(d, "tokenizer"))
+  finished = meta.get("finished", True)
+  dst = os.path.join(d, "hf" if finished else "stored_hf")
   tmp = tempfile.mkdtemp(prefix=".hf.", dir=d)
   shutil.copytree(src, tmp, dirs_exist_ok=True)
-  if os.path.isdir(os.path.join(d, "hf")):
-    shutil.rmtree(os.path.join(d, "hf"))
-  os.rename(tmp, os.path.join(d, "hf"))
-  _log(f"stage {name!r} taken from {store}")
+  if os.path.isdir(dst):
+    shutil.rmtree(dst)
+  os.rename(tmp, dst)
+  if not finished:
+    with open(os.path.join(d, RESUME), "w") as f:
+      json.dump({"hf": dst, "step": meta["step"]}, f)
+  _log(f"stage {name!r} taken from {store}" +
+       ("" if finished else f" at step {meta['step']} of {args['steps']}"))
   return True
 
 
@@ -589,7 +650,7 @@ def build_staged(out: str, *, smoke: bool = False, stages=STAGES, force: bool = 
       seed_stage(d, sd, name, kw)
     levels = build(d, smoke=smoke, force=force, **kw)
     if sd:
-      publish_stage(d, sd, name, kw)
+      publish_stage(d, sd, name, kw, smoke=smoke)
     prev = os.path.join(d, "hf")
   hf = os.path.join(out, "hf")
   if force or not os.path.isfile(os.path.join(hf, "config.json")):
@@ -606,13 +667,17 @@ def build_staged(out: str, *, smoke: bool = False, stages=STAGES, force: bool = 
 
 
 def publish_staged(out: str, store: str, *, smoke: bool = False, stages=STAGES) -> list:
-  """Stores every finished stage of the staged build in ``out`` (in order, up to the first
-  one not finished); returns the stored directories."""
+  """Stores the staged build in ``out`` as far as it went: every finished stage, then the
+  first unfinished one's latest checkpoint (if it wrote one). Returns the stored
+  directories."""
   done = []
   for (name, kw), d, sd in zip(stages, stage_dirs(out, stages), store_dirs(store, stages)):
-    if not os.path.isfile(os.path.join(d, "levels.json")):
+    finished = os.path.isfile(os.path.join(d, "levels.json"))
+    if not finished and not os.path.isdir(os.path.join(d, "train")):
       break
-    done.append(publish_stage(d, sd, name, stage_build(kw, smoke)))
+    done.append(publish_stage(d, sd, name, stage_build(kw, smoke), smoke=smoke))
+    if not finished:
+      break
   return done
 
 

@@ -3,16 +3,18 @@ r"""Builds (or resumes) the warm-start checkpoint every arm of the experiment st
   python -m experiments.mechanism.warm_start [--smoke]                  # the staged recipe
   python -m experiments.mechanism.warm_start --recipe=single [--steps=N ...]
   python -m experiments.mechanism.warm_start --out=DIR --snapshot   # a look midway
-  python -m experiments.mechanism.warm_start --out=DIR --publish    # store finished stages
+  python -m experiments.mechanism.warm_start --out=DIR --publish    # store it as far as it went
 
 One command, cached under ``$SPADE_JAX_CACHE/mechanism/warm_start[_smoke]/``. The default
 (``--recipe=staged``) runs the builds of ``STAGES`` in ``stages/<i>_<name>/``, each from the
 last one's weights and tokenizer, and takes the last one's ``hf/`` and ``levels.json``;
 ``--recipe=single`` runs one build from the flags. Each finished stage is also stored in
 ``experiments/mechanism/stages/<i>_<name>/`` (``--store``; weights, tokenizer, records and
-a ``stage.json`` with the stage's arguments and weights' SHA-256), which is committed: a
-build on another checkout takes the stored stages and goes on from the first one missing,
-so the ~13 h recipe runs in pieces of at most ~2 h. A build does this:
+a ``stage.json`` with the stage's arguments, step and weights' SHA-256), which is
+committed; ``--publish`` stores a build as far as it went (the stage under way as its
+latest checkpoint's weights). A build on another checkout takes the stored stages and goes
+on from where they end, so the recipe of 13 h or more runs across sittings. A build does
+this:
 
 1. ``tokenizer/``: a 6,144-id byte-level BPE with Qwen3's pre-tokenizer split (one token per
    digit) trained offline (``tokenizers``) on the texts the experiment reads and writes:
@@ -153,13 +155,11 @@ def build_data(out: str, chat, *, designer_rows: int, agent_rows: int,
 
 def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: int,
           learning_rate: float, checkpoint_every: int, micro: int = 1, remat: str = "full",
-          init_from: str = "", batch_offset: int = 0):
+          init_from: str = ""):
   """SFT with checkpoints under ``out/train``; returns the final params.
 
   ``init_from``: an HF directory whose weights start a build that has no checkpoint yet
   (a fresh optimizer and schedule); ignored once the build has a checkpoint.
-  ``batch_offset``: batches of the packed stream skipped before the first step, so a build
-  that continues another on the same rows trains on the batches that one had not reached.
   A build with no checkpoint of its own and an ``out/resume.json`` (a stored unfinished
   stage, :func:`seed_stage`) goes on from the weights and step it names.
   """
@@ -191,7 +191,7 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
     start = int(host["step"])
     _log(f"resumed at step {start}")
   batches = data.pack(rows, batch_size, seq_len, seed=0)
-  for _ in range(batch_offset + start):  # the same batch order as an uninterrupted build
+  for _ in range(start):  # the same batch order as an uninterrupted build
     next(batches)
   log = open(os.path.join(out, "train_log.jsonl"), "a")
   t0, tokens = time.time(), 0
@@ -381,8 +381,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
           remat: str = "full", worked: bool = False, copy_rows: int = 0,
           init_from: str = "", induction_steps: int = 0, induction_lr: float = 1e-3,
           induction_mix: int = 0, drill_rows: int = 0, drill: str = "arithmetic",
-          designer_balance: str = "skill", families=(), batch_offset: int = 0,
-          force: bool = False) -> dict:
+          designer_balance: str = "skill", families=(), force: bool = False) -> dict:
   """Runs every stage not yet done; returns the measured levels.
 
   ``families``: a subset of the seen families that the agent transcripts play and the agent
@@ -435,8 +434,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
       _log(f"mixed {drill_rows} {drill} drill rows into the supervised rows")
     params = train(out, model_cfg, rows, steps=steps, batch_size=batch_size, seq_len=seq_len,
                    learning_rate=learning_rate, checkpoint_every=checkpoint_every,
-                   micro=num_microbatches, remat=remat, init_from=init_from,
-                   batch_offset=batch_offset)
+                   micro=num_microbatches, remat=remat, init_from=init_from)
     export(out, params, model_cfg, tok_dir)
     _log(f"wrote {hf}")
   levels_path = os.path.join(out, "levels.json")
@@ -483,7 +481,6 @@ def stage_build(kw: dict, smoke: bool = False) -> dict:
   out = dict(DEFAULTS, num_microbatches=1, **kw)
   if smoke:
     out.update(steps=2, seq_len=2048, checkpoint_every=2, measure_episodes=1,
-               batch_offset=2 if out["batch_offset"] else 0,
                measure_designs=min(out["measure_designs"], 2),
                designer_rows=min(out["designer_rows"], 4), agent_rows=8,
                drill_rows=min(out["drill_rows"], 4),
@@ -722,7 +719,7 @@ def main(argv):
             induction_steps=_INDUCTION.value, induction_lr=_INDUCTION_LR.value,
             induction_mix=_INDUCTION_MIX.value, drill_rows=_DRILL.value,
             drill=_DRILL_KIND.value, designer_balance=_BALANCE.value,
-            families=_FAMILIES.value, batch_offset=_OFFSET.value)
+            families=_FAMILIES.value)
   if smoke:
     kw.update(SMOKE_BUILD)
   levels = build(out, smoke=smoke, force=_FORCE.value, **kw)
@@ -785,7 +782,7 @@ DEFAULTS = dict(steps=300, batch_size=8, seq_len=2560, learning_rate=2e-3, desig
                 agent_rows=4000, checkpoint_every=10, measure_episodes=8, measure_designs=16,
                 num_microbatches=4, remat="none", worked=False, copy_rows=0, init_from="",
                 induction_steps=0, induction_lr=1e-3, induction_mix=0, drill_rows=0,
-                drill="arithmetic", designer_balance="skill", families="", batch_offset=0)
+                drill="arithmetic", designer_balance="skill", families="")
 SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, designer_rows=4,
                    agent_rows=8, checkpoint_every=2, measure_episodes=1, measure_designs=2,
                    worked=True, induction_steps=2, induction_mix=16, drill_rows=4)
@@ -793,7 +790,7 @@ SMOKE_BUILD = dict(steps=3, batch_size=8, seq_len=2048, num_microbatches=1, desi
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _OFFSET, _PUBLISH, _STORE, _SNAPSHOT, _SNAPSHOT_STEP, _RECIPE, _BALANCE, _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
+  global _PUBLISH, _STORE, _SNAPSHOT, _SNAPSHOT_STEP, _RECIPE, _BALANCE, _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _RECIPE = flags.DEFINE_enum(
       "recipe", "staged", ["staged", "single"], "'staged': the stages of STAGES, each from "
       "the last one's weights (~13 h on 2 cores, each stage resumable); 'single': one build "
@@ -813,10 +810,6 @@ def _define_flags() -> None:
   _SNAPSHOT_STEP = flags.DEFINE_integer("snapshot_step", 0, "The step --snapshot exports "
                                         "(default: the latest).")
   _STEPS = flags.DEFINE_integer("steps", 300, "Optimizer steps.")
-  _OFFSET = flags.DEFINE_integer(
-      "batch_offset", 0, "Packed batches skipped before the first step: a build that "
-      "continues another on the same rows (same data flags) from its --init_from passes "
-      "that build's --steps, so it trains on batches the other had not reached.")
   _BATCH = flags.DEFINE_integer("batch_size", 8, "Packed rows per step.")
   _SEQ = flags.DEFINE_integer("seq_len", 2560, "Tokens per packed row.")
   _MICRO = flags.DEFINE_integer("num_microbatches", 4, "Micro-batches per step (memory).")

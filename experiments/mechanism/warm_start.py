@@ -171,26 +171,29 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
                      learning_rate=learning_rate, micro=micro, remat=remat)
   ckpt = checkpoint.Checkpointer(os.path.join(out, "train"), keep=2)
   resume = _read_json(os.path.join(out, RESUME))
+  batches = data.pack(rows, batch_size, seq_len, seed=0)
   start = 0
-  if resume and ckpt.latest_step() is None:
+  if ckpt.latest_step() is not None:
+    state, _, host = ckpt.restore(trainer.init_state(jax.random.key(0)),
+                                  {"step": np.zeros((), np.int32)})
+    start = int(host["step"])
+    _log(f"resumed at step {start}")
+  elif resume:
     from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
     start = int(resume["step"])
-    state = schedule_at(trainer.state_from_params(common.load_start(
-        resume["hf"], model_cfg, "the stored stage is of another experiment size")), start)
-    _log(f"went on at step {start} from the stored weights in {resume['hf']} (fresh AdamW "
-         "moments; the learning-rate schedule continues)")
-  elif init_from and ckpt.latest_step() is None:
+    fresh = trainer.state_from_params(common.load_start(
+        resume["hf"], model_cfg, "the stored stage is of another experiment size"))
+    state = fresh.replace(step=jax.numpy.full_like(fresh.step, start), opt_state=load_opt_state(
+        resume["opt_state"], fresh.opt_state))
+    _log(f"went on at step {start} from the stored weights and optimizer state in "
+         f"{os.path.dirname(resume['hf'])}")
+  elif init_from:
     from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
     state = trainer.state_from_params(common.load_start(
         init_from, model_cfg, "use a checkpoint of the same experiment size"))
     _log(f"started from the weights in {init_from}")
   else:
     state = trainer.init_state(jax.random.key(0))
-  if ckpt.latest_step() is not None:
-    state, _, host = ckpt.restore(state, {"step": np.zeros((), np.int32)})
-    start = int(host["step"])
-    _log(f"resumed at step {start}")
-  batches = data.pack(rows, batch_size, seq_len, seed=0)
   for _ in range(start):  # the same batch order as an uninterrupted build
     next(batches)
   log = open(os.path.join(out, "train_log.jsonl"), "a")
@@ -215,21 +218,68 @@ def train(out: str, model_cfg, rows, *, steps: int, batch_size: int, seq_len: in
 
 
 RESUME = "resume.json"  # in a build directory: the stored weights and step it goes on from
+OPT_STATE = "opt_state.npz"  # a stored unfinished stage's optimizer state
 
 
-def schedule_at(state, step: int):
-  """``state`` (a fresh train state) with its step and every learning-rate schedule's count
-  at ``step``, the AdamW moments and their bias-correction count left fresh: how a build
-  goes on from stored weights without their optimizer state."""
+def save_opt_state(path: str, opt_state) -> None:
+  """Writes an optimizer state's leaves to ``path`` (``.npz``, no pickles): floating-point
+  leaves (AdamW's moments) in bfloat16, half their size, others (step counts) as they are."""
   import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  import optax  # pylint: disable=g-import-not-at-top
-  is_sched = lambda s: isinstance(s, optax.ScaleByScheduleState)
-  opt = jax.tree.map(lambda s: s._replace(count=jnp.full_like(s.count, step))
-                     if is_sched(s) else s, state.opt_state, is_leaf=is_sched)
-  if not any(is_sched(s) for s in jax.tree.leaves(state.opt_state, is_leaf=is_sched)):
-    raise ValueError("the optimizer has no learning-rate schedule state to move on.")
-  return state.replace(step=jnp.full_like(state.step, step), opt_state=opt)
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  arrays = {}
+  for i, leaf in enumerate(jax.tree.leaves(jax.device_get(opt_state))):
+    leaf = np.asarray(leaf)
+    if np.issubdtype(leaf.dtype, np.floating):
+      arrays[f"bf16_{i}"] = leaf.astype(ml_dtypes.bfloat16).view(np.uint16)
+    else:
+      arrays[f"raw_{i}"] = leaf
+  with open(path + ".tmp", "wb") as f:
+    np.savez(f, **arrays)
+  os.replace(path + ".tmp", path)
+
+
+def load_opt_state(path: str, like):
+  """The optimizer state in ``path`` (:func:`save_opt_state`) in the structure, dtypes and
+  shardings of ``like``; a file of another structure or shape raises."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import ml_dtypes  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  leaves, treedef = jax.tree.flatten(like)
+  with np.load(path, allow_pickle=False) as z:
+    stored = {k: z[k] for k in z.files}
+  if len(stored) != len(leaves):
+    raise ValueError(f"{path} holds {len(stored)} optimizer-state arrays, this optimizer "
+                     f"{len(leaves)}: it was stored by another optimizer or model.")
+  out = []
+  for i, leaf in enumerate(leaves):
+    a = (stored[f"bf16_{i}"].view(ml_dtypes.bfloat16) if f"bf16_{i}" in stored
+         else stored.get(f"raw_{i}"))
+    if a is None or a.shape != leaf.shape:
+      raise ValueError(f"{path}: optimizer-state array {i} is missing or has shape "
+                       f"{None if a is None else a.shape}, expected {leaf.shape}.")
+    out.append(jax.device_put(a.astype(leaf.dtype), leaf.sharding))
+  return jax.tree.unflatten(treedef, out)
+
+
+def _restore(out: str, smoke: bool, step: int | None):
+  """A build's checkpointed train state (the latest, or ``step``), the step and the model
+  config."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from spade_jax import checkpoint, models  # pylint: disable=g-import-not-at-top
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  ckpt = checkpoint.Checkpointer(os.path.join(out, "train"), keep=2)
+  if step is None:
+    step = ckpt.latest_step()
+    if step is None:
+      raise FileNotFoundError(f"{os.path.join(out, 'train')} holds no checkpoint to export; "
+                              "a build writes one every --checkpoint_every steps.")
+  cfg = models.get_preset("tiny", **(common.SMOKE_MODEL if smoke else common.MODEL))
+  trainer = _trainer(cfg, steps=1, batch_size=8, seq_len=128, learning_rate=1e-3, micro=1,
+                     remat="none")
+  state = ckpt.restore_state(trainer.init_state(jax.random.key(0)), step=step)
+  ckpt.close()
+  return state, step, cfg
 
 
 def _trainer(model_cfg, *, steps: int, batch_size: int, seq_len: int, learning_rate: float,
@@ -256,21 +306,8 @@ def snapshot(out: str, *, smoke: bool = False, step: int | None = None) -> str:
   """Exports a build's checkpoint (the latest, or ``step``) to ``out/hf_<step>`` with its
   tokenizer, without training and without touching the build, which may still be running:
   a look at a long build midway (``measure.py``, ``diagnose.py`` read the result)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  from spade_jax import checkpoint, models  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
-  ckpt = checkpoint.Checkpointer(os.path.join(out, "train"), keep=2)
-  if step is None:
-    step = ckpt.latest_step()
-    if step is None:
-      raise FileNotFoundError(f"{os.path.join(out, 'train')} holds no checkpoint to export; "
-                              "a build writes one every --checkpoint_every steps.")
-  shape = common.SMOKE_MODEL if smoke else common.MODEL
-  cfg = models.get_preset("tiny", **shape)
-  trainer = _trainer(cfg, steps=1, batch_size=8, seq_len=128, learning_rate=1e-3, micro=1,
-                     remat="none")
-  state = ckpt.restore_state(trainer.init_state(jax.random.key(0)), step=step)
-  ckpt.close()
+  state, step, cfg = _restore(out, smoke, step)
   path = common.write_hf(os.path.join(out, f"hf_{step}"), state.params, cfg,
                          os.path.join(out, "tokenizer"))
   _log(f"exported step {step} to {path}")
@@ -529,7 +566,8 @@ def publish_stage(d: str, store: str, name: str, kw: dict, *, smoke: bool = Fals
   """Copies the stage in ``d`` to ``store`` with a ``stage.json`` naming the stage, its
   build arguments, the step its weights are at and their SHA-256, so a fresh checkout
   goes on from there: a finished stage (``hf/``, records, levels), or else, for a stage
-  that has trained some steps, its latest checkpoint's weights (``finished: false``). A
+  that has trained some steps, its latest checkpoint's weights with the optimizer state
+  (AdamW's moments in bfloat16, ``hf/opt_state.npz``; ``finished: false``). A
   finished copy already there with other weights raises: other checkouts start from it."""
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   from spade_jax import checkpoint  # pylint: disable=g-import-not-at-top
@@ -559,7 +597,10 @@ def publish_stage(d: str, store: str, name: str, kw: dict, *, smoke: bool = Fals
                             "checkpoint; nothing to store.")
   if held is not None and (held.get("finished", True) or held["step"] >= step):
     return store  # already as far or further
-  snap = snapshot(d, smoke=smoke, step=step)
+  state, step, cfg = _restore(d, smoke, step)
+  snap = common.write_hf(os.path.join(d, f"hf_{step}"), state.params, cfg,
+                         os.path.join(d, "tokenizer"))
+  save_opt_state(os.path.join(snap, OPT_STATE), state.opt_state)
   meta = {"name": name, "build": args, "finished": False, "step": step,
           "sha256": common.weights_digest(snap)}
   _store_copy(d, snap, store, meta)
@@ -571,8 +612,8 @@ def publish_stage(d: str, store: str, name: str, kw: dict, *, smoke: bool = Fals
 def seed_stage(d: str, store: str, name: str, kw: dict) -> bool:
   """Fills the stage directory ``d`` from its stored copy when ``d`` has no ``hf/`` and no
   checkpoint of its own and ``store`` holds one: a finished stage's weights, tokenizer and
-  records, or an unfinished one's weights and step (``resume.json``: the build goes on
-  from there). Returns whether it did. A stored copy built with other arguments, or whose
+  records, or an unfinished one's weights, optimizer state and step (``resume.json``: the
+  build goes on from there). Returns whether it did. A stored copy built with other arguments, or whose
   weights do not match their digest, raises."""
   from spade_jax import models  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
@@ -610,8 +651,12 @@ def seed_stage(d: str, store: str, name: str, kw: dict) -> bool:
     shutil.rmtree(dst)
   os.rename(tmp, dst)
   if not finished:
+    opt = os.path.join(dst, OPT_STATE)
+    if not os.path.isfile(opt):
+      raise FileNotFoundError(f"{store} holds an unfinished stage without its optimizer "
+                              f"state ({OPT_STATE}); store it again with --publish.")
     with open(os.path.join(d, RESUME), "w") as f:
-      json.dump({"hf": dst, "step": meta["step"]}, f)
+      json.dump({"hf": dst, "step": meta["step"], "opt_state": opt}, f)
   _log(f"stage {name!r} taken from {store}" +
        ("" if finished else f" at step {meta['step']} of {args['steps']}"))
   return True

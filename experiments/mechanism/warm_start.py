@@ -838,8 +838,8 @@ def _define_flags() -> None:
   global _PUBLISH, _STORE, _SNAPSHOT, _SNAPSHOT_STEP, _RECIPE, _BALANCE, _DRILL, _DRILL_KIND, _FAMILIES, _INDUCTION, _INDUCTION_LR, _INDUCTION_MIX, _COPY, _INIT, _WORKED, _AGENT, _BATCH, _CKPT, _DESIGNER, _FORCE, _LR, _MEASURE, _MEASURE_DESIGNS, _MICRO, _OUT, _RECORD, _REMAT, _SEQ, _SMOKE, _STEPS
   _RECIPE = flags.DEFINE_enum(
       "recipe", "staged", ["staged", "single"], "'staged': the stages of STAGES, each from "
-      "the last one's weights (13-28 h on 2 cores by CPU, each stage resumable and storable); 'single': one build "
-      "from the flags below.")
+      "the last one's weights (13-28 h on 2 cores by CPU, each stage resumable and "
+      "storable); 'single': one build from the flags below.")
   _SNAPSHOT = flags.DEFINE_bool(
       "snapshot", False, "Only export --out's latest checkpoint (or --snapshot_step's) to "
       "hf_<step>/ and exit; the build itself may keep running (a staged build's stage is "

@@ -613,8 +613,8 @@ def seed_stage(d: str, store: str, name: str, kw: dict) -> bool:
   """Fills the stage directory ``d`` from its stored copy when ``d`` has no ``hf/`` and no
   checkpoint of its own and ``store`` holds one: a finished stage's weights, tokenizer and
   records, or an unfinished one's weights, optimizer state and step (``resume.json``: the
-  build goes on from there). Returns whether it did. A stored copy built with other arguments, or whose
-  weights do not match their digest, raises."""
+  build goes on from there). Returns whether it did. A stored copy built with other
+  arguments, or whose weights do not match their digest, raises."""
   from spade_jax import models  # pylint: disable=g-import-not-at-top
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   meta = _read_json(os.path.join(store, "stage.json"))

@@ -439,7 +439,7 @@ def build(out: str, *, smoke: bool, steps: int, batch_size: int, seq_len: int,
   os.makedirs(out, exist_ok=True)
   if force:
     for name in ("data.pkl", "train", "hf", "levels.json", "train_log.jsonl", "induction",
-                 "induction_curve.json"):
+                 "induction_curve.json", RESUME, "stored_hf"):
       p = os.path.join(out, name)
       if os.path.isdir(p):
         shutil.rmtree(p)
@@ -538,6 +538,16 @@ STORE_FILES = ("levels.json", "train_log.jsonl", "data_stats.json", "induction_c
 def _stage_args(kw: dict) -> dict:
   """A stage's build arguments as JSON gives them back, less the path it started from."""
   return json.loads(json.dumps({k: v for k, v in sorted(kw.items()) if k != "init_from"}))
+
+
+def _copy_dir(src: str, dst: str) -> None:
+  """Copies the directory ``src`` to ``dst``, replacing ``dst`` only once the copy is
+  complete (a sibling temporary directory renamed into place)."""
+  tmp = tempfile.mkdtemp(prefix=".copy.", dir=os.path.dirname(os.path.abspath(dst)))
+  shutil.copytree(src, tmp, dirs_exist_ok=True)
+  if os.path.isdir(dst):
+    shutil.rmtree(dst)
+  os.rename(tmp, dst)
 
 
 def _store_copy(d: str, hf: str, store: str, meta: dict) -> str:
@@ -645,11 +655,7 @@ def seed_stage(d: str, store: str, name: str, kw: dict) -> bool:
     os.rename(tmp, os.path.join(d, "tokenizer"))
   finished = meta.get("finished", True)
   dst = os.path.join(d, "hf" if finished else "stored_hf")
-  tmp = tempfile.mkdtemp(prefix=".hf.", dir=d)
-  shutil.copytree(src, tmp, dirs_exist_ok=True)
-  if os.path.isdir(dst):
-    shutil.rmtree(dst)
-  os.rename(tmp, dst)
+  _copy_dir(src, dst)
   if not finished:
     opt = os.path.join(dst, OPT_STATE)
     if not os.path.isfile(opt):
@@ -696,11 +702,7 @@ def build_staged(out: str, *, smoke: bool = False, stages=STAGES, force: bool = 
     prev = os.path.join(d, "hf")
   hf = os.path.join(out, "hf")
   if force or not os.path.isfile(os.path.join(hf, "config.json")):
-    tmp = tempfile.mkdtemp(prefix=".hf.", dir=out)
-    shutil.copytree(prev, tmp, dirs_exist_ok=True)
-    if os.path.isdir(hf):
-      shutil.rmtree(hf)
-    os.rename(tmp, hf)
+    _copy_dir(prev, hf)
   with open(os.path.join(out, "levels.json.tmp"), "w") as f:
     json.dump(levels, f, indent=1)
   os.replace(os.path.join(out, "levels.json.tmp"), os.path.join(out, "levels.json"))

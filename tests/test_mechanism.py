@@ -643,6 +643,46 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   (elsewhere / "config.json").write_text("{}")
   with pytest.raises(ValueError, match="began from the warm start"):
     run.run("static", 0, smoke=True, workdir=str(tmp_path / "run"), start=str(elsewhere))
+  _stored_run_goes_on_elsewhere(tmp_path, ws, out)
+
+
+def _stored_run_goes_on_elsewhere(tmp_path, ws, finished):
+  """A run stopped after iteration 1 is stored (moments in bfloat16), then goes on from the
+  store in an empty directory of another checkout, and its copy is removed once finished."""
+  from experiments.mechanism import run, run_store
+  first = tmp_path / "run"
+  shutil.rmtree(first / "checkpoints" / "2")  # as if stopped after iteration 1
+  store = str(tmp_path / "stored_runs")
+  stored = run.publish("static", 0, smoke=True, workdir=str(first), store=store)
+  assert stored == os.path.join(store, "static-0-smoke")
+  held = run_store.read(stored)
+  assert held["iteration"] == 1 and held["iterations"] == 2
+  assert held["warm_start_sha256"] == finished["warm_start"]["sha256"]
+  assert not set(run_store.PATH_KEYS) & set(held["config"])
+  meta = run_store.metadata(os.path.join(stored, "checkpoints"), 1)["state"]
+  assert {a.dtype for a in jax.tree.leaves(meta["params"])} == {np.dtype("float32")}
+  moments = [a.dtype for a in jax.tree.leaves(meta["opt_state"]) if a.shape]
+  assert moments and set(moments) == {np.dtype(jax.numpy.bfloat16)}
+  # Stored again at the same step: left as it is.
+  assert run.publish("static", 0, smoke=True, workdir=str(first), store=store) == stored
+  cfg = config.get_config("arm=static,seed=0,smoke")
+  digest = finished["warm_start"]["sha256"]
+  with pytest.raises(ValueError, match="from a warm start with SHA-256"):
+    run_store.seed(str(tmp_path / "x"), stored, cfg=cfg, warm_start_sha256="0" * 64)
+  other = config.get_config("arm=static,seed=1,smoke")
+  with pytest.raises(ValueError, match=r"another config \(differing: \['seed'\]"):
+    run_store.seed(str(tmp_path / "x"), stored, cfg=other, warm_start_sha256=digest)
+  assert not os.path.exists(tmp_path / "x")
+  # Another checkout: an empty run directory takes the stored run and goes on.
+  second = tmp_path / "second"
+  path = run.run("static", 0, smoke=True, workdir=str(second), results=str(tmp_path / "res"),
+                 store=store)
+  out = json.load(open(path))
+  assert out["iterations"] == 2 and out["warm_start"]["sha256"] == digest
+  lines = open(second / "metrics.jsonl").read().splitlines()
+  assert [json.loads(l)["step"] for l in lines] == [1, 2]
+  assert lines[0] == open(first / "metrics.jsonl").read().splitlines()[0]  # taken as it was
+  assert not os.path.exists(stored)  # finished: the results JSON is the record
 
 
 def test_diagnose_finds_turns_and_the_boxed_answer():

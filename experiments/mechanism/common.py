@@ -12,6 +12,9 @@ RUNS = os.path.join(HERE, "runs")  # run workdirs (not committed; results/ is)
 # The staged warm start's finished stages (weights, tokenizer, records), committed so a
 # build goes on from any checkout (``warm_start --store``).
 STORE = os.path.join(HERE, "stages")
+# The arm runs not yet finished, at their latest checkpoint (``run --publish``), committed
+# so a run longer than one sitting goes on from any checkout.
+RUN_STORE = os.path.join(HERE, "stored_runs")
 
 # A Qwen3-shaped decoder of about 10.5M parameters (8 layers, width 320, GQA 5/1 heads,
 # tied 6,144-id embedding).
@@ -114,6 +117,6 @@ def warm_start_hf(path: str) -> str:
 
 
 __all__ = ["AGENT_TURN_TOKENS", "ARMS", "DESIGNER_PROMPT_TOKENS", "HELD_OUT", "MAX_TURNS",
-           "MODEL", "NUM_EXEMPLARS", "RESULTS", "RUNS", "SEEDS", "STORE", "SETTING", "SMOKE_MODEL", "VOCAB_SIZE",
+           "MODEL", "NUM_EXEMPLARS", "RESULTS", "RUN_STORE", "RUNS", "SEEDS", "STORE", "SETTING", "SMOKE_MODEL", "VOCAB_SIZE",
            "cache_dir", "load_start", "max_family_turns", "seen", "skills", "warm_start_dir",
            "warm_start_hf", "weights_digest", "write_hf"]

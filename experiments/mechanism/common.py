@@ -58,7 +58,6 @@ def cache_dir() -> str:
 def write_hf(path: str, params, cfg, tokenizer_dir: str = "") -> str:
   """Writes ``params`` as an HF checkpoint in ``path`` (with the tokenizer's files when
   given), atomically: a sibling temporary directory replaces ``path`` once complete."""
-  import shutil  # pylint: disable=g-import-not-at-top
   import tempfile  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from spade_jax import models  # pylint: disable=g-import-not-at-top
@@ -68,9 +67,7 @@ def write_hf(path: str, params, cfg, tokenizer_dir: str = "") -> str:
   models.save_hf(tmp, jax.device_get(params), cfg)
   if tokenizer_dir:
     models.copy_tokenizer_files(tokenizer_dir, tmp)
-  if os.path.isdir(path):
-    shutil.rmtree(path)
-  os.rename(tmp, path)
+  swap_in(tmp, path)
   return path
 
 
@@ -83,6 +80,20 @@ def load_start(path: str, cfg, fix: str):
     raise ValueError(f"--init_from={path} holds a different model: its model shape differs "
                      f"from the one asked for ({fix}).")
   return params
+
+
+def swap_in(tmp: str, dst: str) -> None:
+  """Moves the complete directory ``tmp`` to ``dst``, replacing what was there: the old
+  copy is renamed aside first, so ``dst`` is never a half-written mix."""
+  import shutil  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  if os.path.isdir(dst):
+    old = tempfile.mkdtemp(prefix=".old.", dir=os.path.dirname(os.path.abspath(dst)))
+    os.rename(dst, os.path.join(old, "d"))
+    os.rename(tmp, dst)
+    shutil.rmtree(old)
+  else:
+    os.rename(tmp, dst)
 
 
 def warm_start_dir(smoke: bool = False) -> str:
@@ -118,5 +129,5 @@ def warm_start_hf(path: str) -> str:
 
 __all__ = ["AGENT_TURN_TOKENS", "ARMS", "DESIGNER_PROMPT_TOKENS", "HELD_OUT", "MAX_TURNS",
            "MODEL", "NUM_EXEMPLARS", "RESULTS", "RUN_STORE", "RUNS", "SEEDS", "STORE", "SETTING", "SMOKE_MODEL", "VOCAB_SIZE",
-           "cache_dir", "load_start", "max_family_turns", "seen", "skills", "warm_start_dir",
+           "cache_dir", "load_start", "max_family_turns", "seen", "skills", "swap_in", "warm_start_dir",
            "warm_start_hf", "weights_digest", "write_hf"]

@@ -18,6 +18,8 @@ import os
 import shutil
 import tempfile
 
+from experiments.mechanism import common
+
 RUN_JSON = "run.json"
 FILES = "files"           # the run directory's records (metrics, samples, memory)
 CHECKPOINTS = "checkpoints"
@@ -99,17 +101,6 @@ def _compact_checkpoint(src: str, dst: str, step: int) -> None:
   new.close()
 
 
-def swap_in(tmp: str, dst: str) -> None:
-  """Moves the complete directory ``tmp`` to ``dst``, replacing what was there."""
-  if os.path.isdir(dst):
-    old = tempfile.mkdtemp(prefix=".old.", dir=os.path.dirname(os.path.abspath(dst)))
-    os.rename(dst, os.path.join(old, "d"))
-    os.rename(tmp, dst)
-    shutil.rmtree(old)
-  else:
-    os.rename(tmp, dst)
-
-
 def publish(workdir: str, stored: str, *, arm: str, seed: int, cfg, warm_start_sha256: str,
             finished: bool) -> str | None:
   """Stores the run in ``workdir`` at its latest checkpoint in ``stored`` (replacing an
@@ -139,7 +130,7 @@ def publish(workdir: str, stored: str, *, arm: str, seed: int, cfg, warm_start_s
           "warm_start_sha256": warm_start_sha256, "config": flat_config(cfg)}
   with open(os.path.join(tmp, RUN_JSON), "w") as f:
     json.dump(meta, f, indent=1)
-  swap_in(tmp, stored)
+  common.swap_in(tmp, stored)
   return stored
 
 
@@ -168,8 +159,8 @@ def seed(workdir: str, stored: str, *, cfg, warm_start_sha256: str) -> int | Non
     shutil.copyfile(os.path.join(stored, FILES, n), os.path.join(workdir, n))
   tmp = tempfile.mkdtemp(prefix=".checkpoints.", dir=workdir)
   shutil.copytree(os.path.join(stored, CHECKPOINTS), tmp, dirs_exist_ok=True)
-  swap_in(tmp, os.path.join(workdir, CHECKPOINTS))
+  common.swap_in(tmp, os.path.join(workdir, CHECKPOINTS))
   return int(held["iteration"])
 
 
-__all__ = ["flat_config", "latest", "metadata", "publish", "read", "seed", "swap_in"]
+__all__ = ["flat_config", "latest", "metadata", "publish", "read", "seed"]

@@ -543,16 +543,16 @@ def _stage_args(kw: dict) -> dict:
 def _copy_dir(src: str, dst: str) -> None:
   """Copies the directory ``src`` to ``dst``, replacing ``dst`` only once the copy is
   complete (a sibling temporary directory renamed into place)."""
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   tmp = tempfile.mkdtemp(prefix=".copy.", dir=os.path.dirname(os.path.abspath(dst)))
   shutil.copytree(src, tmp, dirs_exist_ok=True)
-  if os.path.isdir(dst):
-    shutil.rmtree(dst)
-  os.rename(tmp, dst)
+  common.swap_in(tmp, dst)
 
 
 def _store_copy(d: str, hf: str, store: str, meta: dict) -> str:
   """Writes ``hf`` and ``d``'s records with ``meta`` as ``store/stage.json`` to ``store``,
   replacing what was there only once the new copy is complete."""
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   parent = os.path.dirname(os.path.abspath(store))
   os.makedirs(parent, exist_ok=True)
   tmp = tempfile.mkdtemp(prefix=".stage.", dir=parent)
@@ -562,13 +562,7 @@ def _store_copy(d: str, hf: str, store: str, meta: dict) -> str:
       shutil.copyfile(os.path.join(d, n), os.path.join(tmp, n))
   with open(os.path.join(tmp, "stage.json"), "w") as f:
     json.dump(meta, f, indent=1)
-  if os.path.isdir(store):
-    old = tempfile.mkdtemp(prefix=".old.", dir=parent)
-    os.rename(store, os.path.join(old, "stage"))
-    os.rename(tmp, store)
-    shutil.rmtree(old)
-  else:
-    os.rename(tmp, store)
+  common.swap_in(tmp, store)
   return store
 
 

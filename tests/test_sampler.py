@@ -7,6 +7,7 @@ import pytest
 
 from spade_jax.models import get_preset, init_params, token_logprobs
 from spade_jax.sampling import SamplingConfig, generate, sample_logits
+from spade_jax.sampling.rules import TopK, TopP
 
 CFG = get_preset("tiny")
 
@@ -79,6 +80,45 @@ def test_top_k_and_top_p_match_truncated_distribution():
   want = np.r_[probs[:3] / probs[:3].sum(), 0, 0, 0]  # 0.4+0.25 < 0.7 -> keeps 3
   assert freq[3:].sum() == 0
   np.testing.assert_allclose(freq, want, atol=0.03)
+
+
+def _sorted_top_k(logits, k):
+  kth = jax.lax.top_k(logits, k)[0][:, -1:]
+  return jnp.where(logits < kth, -jnp.inf, logits)
+
+
+def _sorted_top_p(logits, p):
+  s = jnp.sort(logits, axis=-1)[:, ::-1]
+  probs = jax.nn.softmax(s, axis=-1)
+  keep = (jnp.cumsum(probs, axis=-1) - probs) < p
+  threshold = jnp.min(jnp.where(keep, s, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where(logits < threshold, -jnp.inf, logits)
+
+
+def test_sort_free_top_k_and_top_p_equal_the_sorted_definitions():
+  # TopK / TopP find their thresholds by building an order key bit by bit; they keep
+  # exactly the ids the sort-based definitions keep, ties, -inf and -0.0 included.
+  rng = np.random.default_rng(0)
+  for trial in range(60):
+    V = int(rng.integers(2, 300))
+    logits = rng.normal(size=(3, V)).astype(np.float32) * rng.uniform(0.1, 5)
+    if trial % 3 == 0:
+      logits = np.round(logits)  # many ties
+    if trial % 5 == 0:
+      logits[:, :V // 3] = -np.inf
+    if trial % 7 == 0:
+      logits[:, 0], logits[:, 1 % V] = -0.0, 0.0
+    logits = jnp.asarray(logits)
+    k, p = int(rng.integers(1, V + 1)), float(rng.uniform(0.05, 1.0))
+    np.testing.assert_array_equal(TopK(k)(logits), _sorted_top_k(logits, k))
+    np.testing.assert_array_equal(TopP(p)(logits), _sorted_top_p(logits, p))
+    np.testing.assert_array_equal(TopP(p)(TopK(k)(logits)),
+                                  _sorted_top_p(_sorted_top_k(logits, k), p))
+  # p = 1 keeps every finite id; a one-hot row keeps only its peak.
+  row = jnp.asarray([[0.0, -jnp.inf, 3.0, 1.0]])
+  np.testing.assert_array_equal(TopP(1.0)(row), row)
+  np.testing.assert_array_equal(TopP(0.5)(jnp.asarray([[0.0, 50.0, 1.0]])),
+                                [[-np.inf, 50.0, -np.inf]])
 
 
 def test_bad_sampling_config():

@@ -76,3 +76,11 @@ def test_train_attention_benchmark_runs_and_kernels_agree():
   line = next(l for l in out.splitlines() if l.startswith("tiny      packed 2 x 600"))
   assert float(line.split("logp max diff")[1].split()[0]) < 1e-4
   assert float(line.split("grad max rel diff")[1].split()[0]) < 1e-4
+
+
+@pytest.mark.slow
+def test_sampling_rules_benchmark_runs_and_filters_agree():
+  out = _run("sampling_rules", "--models=tiny", "--batches=4", "--new=8", "--repeats=1",
+             "--calls=5")
+  assert "vocab    512 batch   4:" in out and "same ids in 5 draws: True" in out
+  assert "tiny      batch   4: greedy" in out

@@ -20,6 +20,29 @@ import jax
 import jax.numpy as jnp
 
 
+def order_keys(x: jax.Array) -> jax.Array:
+  """float32 -> uint32 keys in the same order (-0.0 and +0.0 get one key).
+
+  Top-k and nucleus thresholds are found by building a key bit by bit
+  (`_largest_key`), 32 compare-and-count passes over the row: on CPU a full sort
+  or `lax.top_k` of a vocabulary costs more than the rest of a small model's
+  decode step.
+  """
+  x = jnp.where(x == 0, jnp.float32(0), x.astype(jnp.float32))
+  b = jax.lax.bitcast_convert_type(x, jnp.uint32)
+  return jnp.where(b >> 31 == 1, ~b, b | jnp.uint32(0x80000000))
+
+
+def _largest_key(pred, rows: int) -> jax.Array:
+  """[rows] largest uint32 t with pred(t) true, for pred ([rows] uint32 -> [rows]
+  bool) true at 0 and non-increasing in t."""
+  t = jnp.zeros((rows,), jnp.uint32)
+  for bit in range(31, -1, -1):
+    cand = t | jnp.uint32(1 << bit)
+    t = jnp.where(pred(cand), cand, t)
+  return t
+
+
 @dataclasses.dataclass(frozen=True)
 class Greedy:
   """Arg-max decoding (no randomness)."""
@@ -55,8 +78,9 @@ class TopK:
   def __call__(self, logits: jax.Array) -> jax.Array:
     if self.k >= logits.shape[-1]:
       return logits
-    kth = jax.lax.top_k(logits, self.k)[0][:, -1:]
-    return jnp.where(logits < kth, -jnp.inf, logits)
+    u = order_keys(logits)
+    kth = _largest_key(lambda t: jnp.sum(u >= t[:, None], axis=-1) >= self.k, u.shape[0])
+    return jnp.where(u < kth[:, None], -jnp.inf, logits)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +94,16 @@ class TopP:
       raise ValueError(f"TopP p={self.p} must be in (0, 1].")
 
   def __call__(self, logits: jax.Array) -> jax.Array:
-    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
-    cum = jnp.cumsum(probs, axis=-1)
-    keep = (cum - probs) < self.p  # mass strictly before this id; always keeps the first
-    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-    return jnp.where(logits < threshold, -jnp.inf, logits)
+    # In descending order an id is kept while the mass strictly before it is < p, so
+    # the smallest kept value v is the smallest with mass(logits > v) < p: one past
+    # the largest key whose strictly-greater mass still reaches p.
+    u = order_keys(logits)
+    probs = jax.nn.softmax(logits, axis=-1)
+    above = lambda t: jnp.sum(jnp.where(u > t[:, None], probs, 0.0), axis=-1)
+    last = _largest_key(lambda t: above(t) >= self.p, u.shape[0])
+    zero = jnp.zeros_like(last)
+    threshold = jnp.where(above(zero) >= self.p, last + 1, zero)  # else keep every id
+    return jnp.where(u < threshold[:, None], -jnp.inf, logits)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -48,15 +48,6 @@ def _sorted_filters(logits, temperature: float, k: int, p: float):
   return jnp.where(logits < threshold, -jnp.inf, logits)
 
 
-def _time(fn, rounds: int) -> list[float]:
-  out = []
-  for _ in range(rounds):
-    t0 = time.perf_counter()
-    fn()
-    out.append(time.perf_counter() - t0)
-  return out
-
-
 def filters_alone(vocab: int, batch: int) -> str:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
@@ -65,31 +56,25 @@ def filters_alone(vocab: int, batch: int) -> str:
   rule = SamplingConfig(temperature=0.6, top_k=20, top_p=0.95)
   ours = jax.jit(lambda lg, ks, pos: draw(lg, ks, pos, rule))
   greedy = SamplingConfig(temperature=0.0)
-  # The sorted filters, then draw()'s own Gumbel noise and arg-max.
-  def sorted_draw(lg, ks, pos):
-    filtered = _sorted_filters(lg, 0.6, 20, 0.95)
-    step_keys = jax.vmap(jax.random.fold_in)(ks, pos)
-    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (lg.shape[-1],), jax.numpy.float32))(
-        step_keys)
-    return jax.numpy.argmax(filtered + gumbel, axis=-1).astype(jax.numpy.int32)
-  theirs = jax.jit(sorted_draw)
+  # The sorted filters, then draw()'s own Gumbel noise and arg-max (temperature 1: no filter).
+  plain_noise = SamplingConfig(temperature=1.0)
+  theirs = jax.jit(lambda lg, ks, pos: draw(_sorted_filters(lg, 0.6, 20, 0.95), ks, pos,
+                                            plain_noise))
   plain = jax.jit(lambda lg, ks, pos: draw(lg, ks, pos, greedy))
   rng = np.random.default_rng(batch)
   logits = jax.numpy.asarray(rng.normal(size=(batch, vocab)).astype(np.float32) * 3)
   keys = row_keys(jax.random.key(0), batch)
-  ids = {}
-  for name, f in (("sort-free", ours), ("sorted", theirs), ("argmax", plain)):
-    ids[name] = [np.asarray(f(logits, keys, jax.numpy.full((batch,), i, jax.numpy.int32)))
-                 for i in range(_CALLS.value)]
-  times = {"sort-free": [], "sorted": [], "argmax": []}
   pos = [jax.numpy.full((batch,), i, jax.numpy.int32) for i in range(_CALLS.value)]
+  ids = {name: [np.asarray(f(logits, keys, q)) for q in pos]
+         for name, f in (("sort-free", ours), ("sorted", theirs))}
+  times = {"sort-free": [], "sorted": [], "argmax": []}
   for _ in range(_REPEATS.value):
     for name, f in (("sort-free", ours), ("sorted", theirs), ("argmax", plain)):
-      def calls(f=f):
-        for q in pos:
-          r = f(logits, keys, q)
-        r.block_until_ready()
-      times[name] += [t / _CALLS.value for t in _time(calls, 1)]
+      t0 = time.perf_counter()
+      for q in pos:
+        r = f(logits, keys, q)
+      r.block_until_ready()
+      times[name].append((time.perf_counter() - t0) / _CALLS.value)
   ms = {k: statistics.median(v) * 1e3 for k, v in times.items()}
   same = all(np.array_equal(a, b) for a, b in zip(ids["sort-free"], ids["sorted"]))
   return (f"vocab {vocab:6d} batch {batch:3d}: sorted {ms['sorted']:7.3f} ms  sort-free "

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 
-def order_keys(x: jax.Array) -> jax.Array:
+def _order_keys(x: jax.Array) -> jax.Array:
   """float32 -> uint32 keys in the same order (-0.0 and +0.0 get one key).
 
   Top-k and nucleus thresholds are found by building a key bit by bit
@@ -78,7 +78,7 @@ class TopK:
   def __call__(self, logits: jax.Array) -> jax.Array:
     if self.k >= logits.shape[-1]:
       return logits
-    u = order_keys(logits)
+    u = _order_keys(logits)
     kth = _largest_key(lambda t: jnp.sum(u >= t[:, None], axis=-1) >= self.k, u.shape[0])
     return jnp.where(u < kth[:, None], -jnp.inf, logits)
 
@@ -97,7 +97,7 @@ class TopP:
     # In descending order an id is kept while the mass strictly before it is < p, so
     # the smallest kept value v is the smallest with mass(logits > v) < p: one past
     # the largest key whose strictly-greater mass still reaches p.
-    u = order_keys(logits)
+    u = _order_keys(logits)
     probs = jax.nn.softmax(logits, axis=-1)
     above = lambda t: jnp.sum(jnp.where(u > t[:, None], probs, 0.0), axis=-1)
     last = _largest_key(lambda t: above(t) >= self.p, u.shape[0])

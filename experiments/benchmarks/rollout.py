@@ -1,16 +1,21 @@
 r"""A self-play play phase, lock-step vs overlapped rollouts, in one run.
 
   .venv/bin/python -m experiments.benchmarks.rollout [--models=tiny,50m] [--episodes=24] \
-      [--slots=24] [--turns=6] [--turn_tokens=48] [--step_ms=5] [--repeats=3]
+      [--slots=24] [--turns=6] [--turn_tokens=48] [--step_ms=5[,50,...]] [--repeats=3]
 
 Plays `--episodes` multi-turn episodes through `selfplay.run_episodes` with a real sandbox
 pool and a Sampler (temperature 1, a set of stop ids so that turns end at different
 lengths, as a model's turns do). Every env step sleeps `--step_ms` inside the sandbox
-worker, standing for env work. The lock-step schedule decodes every running episode's turn,
+worker, standing for env work (a list times one row per step time: how much env time the
+overlapped schedule hides; the design-ahead comparison and the split use the first). The lock-step schedule decodes every running episode's turn,
 then steps every env; the overlapped one steps an episode's env as soon as its turn ends,
 in a worker thread, while the engine decodes the others. Rounds alternate between the two
 schedules; the script prints min/median seconds of each, the speed-up, and whether both
 produced the same transcripts (tokens, outcomes, log-probs within 1e-4) on every round.
+Each step time gets one untimed round of each schedule first. The overlapped schedule's
+extend and decode shapes depend on when env steps return, so a timed round can still meet
+a shape not compiled yet: the rows count the XLA compilations inside timed rounds
+(`compiles`), which a steady-state comparison needs at 0.
 With --split it also plays one more round of each, untimed, and prints the seconds spent in engine
 extends and decode calls, their counts and the decode steps run: overlap saves decode steps
 (stragglers), while extends cost the same work either way.
@@ -38,7 +43,8 @@ _EPISODES = flags.DEFINE_integer("episodes", 24, "Episodes per play phase.")
 _SLOTS = flags.DEFINE_integer("slots", 24, "Engine rows (episodes beyond wait for a row).")
 _TURNS = flags.DEFINE_integer("turns", 6, "Turns per episode.")
 _TURN_TOKENS = flags.DEFINE_integer("turn_tokens", 48, "New tokens per turn at most.")
-_STEP_MS = flags.DEFINE_float("step_ms", 5.0, "Milliseconds each env step takes.")
+_STEP_MS = flags.DEFINE_list("step_ms", ["5"], "Milliseconds each env step takes; a list "
+                             "times one row per value.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds per schedule.")
 _MAX_LEN = flags.DEFINE_integer("max_len", 1024, "Transcript token budget per episode.")
 _STOP_EVERY = flags.DEFINE_integer("stop_every", 12, "Every n-th id is a stop id (turns and "
@@ -159,7 +165,23 @@ def main(argv):
   split = _Split() if _SPLIT.value else None
   chat = ChatTemplate(_Bytes())
   specs = [EpisodeSpec(0, s) for s in range(_EPISODES.value)]
-  source = PROGRAM.replace("step_ms=5.0", f"step_ms={_STEP_MS.value}")
+  compiles = [0, 0.0]  # XLA compilations and their seconds, counted while `timing`
+  timing = [False]
+
+  def on_event(event, secs, **_):
+    if timing[0] and event == "/jax/core/compile/backend_compile_duration":
+      compiles[0] += 1
+      compiles[1] += secs
+
+  jax.monitoring.register_event_duration_secs_listener(on_event)
+  try:
+    step_ms = [float(v) for v in _STEP_MS.value]
+  except ValueError as e:
+    raise app.UsageError(f"--step_ms takes numbers of milliseconds, got {_STEP_MS.value}") from e
+  if not step_ms or min(step_ms) < 0:
+    raise app.UsageError(f"--step_ms needs values >= 0, got {_STEP_MS.value}")
+  sources = [PROGRAM.replace("step_ms=5.0", f"step_ms={ms}") for ms in step_ms]
+  source = sources[0]
   with EnvPool(SandboxConfig(num_workers=min(8, _EPISODES.value))) as pool:
     for size in _MODELS.value:
       cfg = model_config(size)
@@ -169,7 +191,7 @@ def main(argv):
                             eos_ids=tuple(range(3, cfg.vocab_size, _STOP_EVERY.value)),
                             pad_id=0)
 
-      def play(overlap):
+      def play(overlap, source=source):
         sampler = Sampler(params, cfg, rule, jax.random.key(7))
         t0 = time.perf_counter()
         eps = run_episodes(pool, [source], specs, sampler, chat, "Play.",
@@ -177,22 +199,28 @@ def main(argv):
                            max_len=_MAX_LEN.value, max_slots=_SLOTS.value, overlap=overlap)
         return time.perf_counter() - t0, eps
 
-      play(False), play(True)  # compile both schedules
-      times = {False: [], True: []}
-      same = True
-      for _ in range(_REPEATS.value):
-        (ts, a), (to, b) = play(False), play(True)
-        times[False].append(ts)
-        times[True].append(to)
-        same &= all(x.tokens == y.tokens and x.outcome == y.outcome and x.turns == y.turns
-                    and max((abs(p - q) for p, q in zip(x.logps, y.logps)), default=0) < 1e-4
-                    for x, y in zip(a, b))
-      seq, ovl = statistics.median(times[False]), statistics.median(times[True])
-      turns = sum(ep.turns for ep in a)
-      print(f"{size:5s} {_EPISODES.value} episodes x {_TURNS.value} turns ({turns} turns, "
-            f"{_STEP_MS.value:g} ms steps, {_SLOTS.value} rows): lock-step "
-            f"{min(times[False]):.2f}/{seq:.2f}s  overlapped {min(times[True]):.2f}/{ovl:.2f}s "
-            f"(min/median)  speed-up {seq / ovl:.2f}x  same transcripts {same}", flush=True)
+      for ms, src in zip(step_ms, sources):
+        play(False, src), play(True, src)  # compile both schedules' shapes at this step time
+        times = {False: [], True: []}
+        same = True
+        compiles[:] = [0, 0.0]
+        timing[0] = True
+        for _ in range(_REPEATS.value):
+          (ts, a), (to, b) = play(False, src), play(True, src)
+          times[False].append(ts)
+          times[True].append(to)
+          same &= all(x.tokens == y.tokens and x.outcome == y.outcome and x.turns == y.turns
+                      and max((abs(p - q) for p, q in zip(x.logps, y.logps)), default=0) < 1e-4
+                      for x, y in zip(a, b))
+        timing[0] = False
+        seq, ovl = statistics.median(times[False]), statistics.median(times[True])
+        turns = sum(ep.turns for ep in a)
+        print(f"{size:5s} {_EPISODES.value} episodes x {_TURNS.value} turns ({turns} turns, "
+              f"{ms:g} ms steps, {_SLOTS.value} rows): lock-step "
+              f"{min(times[False]):.2f}/{seq:.2f}s  overlapped "
+              f"{min(times[True]):.2f}/{ovl:.2f}s (min/median)  speed-up {seq / ovl:.2f}x  "
+              f"same transcripts {same}  compiles {compiles[0]} ({compiles[1]:.2f}s)",
+              flush=True)
       if _DESIGNS.value > 0:
         rule = SamplingConfig(temperature=1.0, eos_id=1, pad_id=0, eos_ids=tuple(
             range(3, cfg.vocab_size, _DESIGN_STOP_EVERY.value)))

@@ -42,7 +42,7 @@ class Turn:
 def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
              respond: Callable[[dict[int, Output]], dict[int, Turn | None]], *,
              slots: Sequence[int] | None = None, refill_early: bool = False,
-             overlap: bool = False, workers: int = 4) -> list[int]:
+             overlap: bool = False, workers: int | None = None) -> list[int]:
   """Runs conversations on ``engine``'s rows until every one has ended.
 
   Args:
@@ -66,7 +66,9 @@ def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
       since a row's draws depend only on its own key and positions. It removes
       stragglers (fewer decode steps); rejoining conversations are extended together
       once a quarter of the rows are ready (see experiments/benchmarks/rollout.py).
-    workers: threads that run ``respond`` with ``overlap``.
+    workers: threads that run ``respond`` with ``overlap`` (default: one per row, at
+      most 64, so that no ended turn waits for a thread while others' env steps run:
+      an env step mostly waits on its sandbox worker).
 
   Returns:
     The row each conversation ran on.
@@ -78,6 +80,8 @@ def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
   if not free:
     raise ValueError("schedule() got no slots; pass at least one engine row.")
   if overlap:
+    if workers is None:
+      workers = min(len(free), 64)
     return _schedule_overlapped(engine, first, keys, respond, free, workers)
   waiting = collections.deque(range(len(first)))
   running: dict[int, int] = {}  # conversation -> row, in the order rows were taken

@@ -7,9 +7,10 @@ Plays `--episodes` multi-turn episodes through `selfplay.run_episodes` with a re
 pool and a Sampler (temperature 1, a set of stop ids so that turns end at different
 lengths, as a model's turns do). Every env step sleeps `--step_ms` inside the sandbox
 worker, standing for env work (a list times one row per step time: how much env time the
-overlapped schedule hides; the design-ahead comparison and the split use the first). The lock-step schedule decodes every running episode's turn,
-then steps every env; the overlapped one steps an episode's env as soon as its turn ends,
-in a worker thread, while the engine decodes the others. Rounds alternate between the two
+overlapped schedule hides; the design-ahead comparison and the split use the first). The
+lock-step schedule decodes every running episode's turn, then steps every env; the
+overlapped one steps an episode's env as soon as its turn ends, in a worker thread, while
+the engine decodes the others. Rounds alternate between the two
 schedules; the script prints min/median seconds of each, the speed-up, and whether both
 produced the same transcripts (tokens, outcomes, log-probs within 1e-4) on every round.
 Each step time gets one untimed round of each schedule first. The overlapped schedule's

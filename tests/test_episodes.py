@@ -139,13 +139,15 @@ def test_hint_is_appended_to_the_first_observation(params):
   assert "try 7" not in first(hinted).split("<|im_end|>")[0]  # not in the system turn
 
 
-@pytest.mark.parametrize("max_slots", [None, 2])
-def test_overlapped_rollout_equals_lock_step(params, max_slots):
-  # Several stop ids make turn lengths differ, so turns end at different steps.
+@pytest.mark.parametrize("max_slots,overlap", [(None, True), (2, True), (None, 2),
+                                               (3, 2), (None, 3)])
+def test_overlapped_rollout_equals_lock_step(params, max_slots, overlap):
+  # Several stop ids make turn lengths differ, so turns end at different steps. An int
+  # overlap runs that many out-of-phase cohorts of rows.
   rule = SamplingConfig(temperature=1.0, eos_id=1, eos_ids=tuple(range(3, 40)), pad_id=0)
   lock = _play(Sampler(params, CFG, rule, jax.random.key(5)), SPECS, max_slots=max_slots)
   over = _play(Sampler(params, CFG, rule, jax.random.key(5)), SPECS, max_slots=max_slots,
-               overlap=True)
+               overlap=overlap)
   assert len({len(t) for ep in lock for t in [ep.tokens]}) > 1
   for a, b in zip(lock, over):
     assert a.tokens == b.tokens and a.loss_mask == b.loss_mask
@@ -153,7 +155,8 @@ def test_overlapped_rollout_equals_lock_step(params, max_slots):
     np.testing.assert_allclose(a.logps, b.logps, atol=1e-5)
 
 
-@pytest.mark.parametrize("max_slots,overlap", [(None, False), (3, False), (None, True)])
+@pytest.mark.parametrize("max_slots,overlap", [(None, False), (3, False), (None, True),
+                                               (None, 2)])
 def test_requests_decode_beside_the_episodes(params, max_slots, overlap):
   # One-shot requests (the next regeneration's designer programs) ride on the episodes'
   # engine rows: the episodes' transcripts are unchanged and each request's output is

@@ -62,11 +62,12 @@ def test_sampler_benchmark_checks_tokens_and_load(tmp_path):
 @pytest.mark.slow
 def test_rollout_benchmark_schedules_agree():
   out = _run("rollout", "--models=tiny", "--episodes=4", "--slots=2", "--turns=2",
-             "--turn_tokens=8", "--repeats=1", "--max_len=512", "--step_ms=5,20")
+             "--turn_tokens=8", "--repeats=1", "--max_len=512", "--step_ms=5,20", "--cohorts=2")
   rows = [l for l in out.splitlines() if l.startswith("tiny ")]
   assert [("5 ms steps" in l, "20 ms steps" in l) for l in rows] == [(True, False),
                                                                       (False, True)]
   assert all("same transcripts True" in l and "speed-up" in l for l in rows)
+  assert sum(l.strip().startswith("2 cohorts:") for l in out.splitlines()) == 2
   split = [l for l in out.splitlines() if "decode" in l and "steps" in l]
   assert len(split) == 2 and all(" 0 calls" not in l for l in split)
 

@@ -16,7 +16,8 @@ produced the same transcripts (tokens, outcomes, log-probs within 1e-4) on every
 Each step time gets one untimed round of each schedule first. The overlapped schedule's
 extend and decode shapes depend on when env steps return, so a timed round can still meet
 a shape not compiled yet: the rows count the XLA compilations inside timed rounds
-(`compiles`), which a steady-state comparison needs at 0.
+(`compiles`), which a steady-state comparison needs at 0. `--cohorts=2,3` also times
+overlapped play in that many out-of-phase lock-step cohorts of rows (same transcripts).
 With --split it also plays one more round of each, untimed, and prints the seconds spent in engine
 extends and decode calls, their counts and the decode steps run: overlap saves decode steps
 (stragglers), while extends cost the same work either way.
@@ -46,6 +47,8 @@ _TURNS = flags.DEFINE_integer("turns", 6, "Turns per episode.")
 _TURN_TOKENS = flags.DEFINE_integer("turn_tokens", 48, "New tokens per turn at most.")
 _STEP_MS = flags.DEFINE_list("step_ms", ["5"], "Milliseconds each env step takes; a list "
                              "times one row per value.")
+_COHORTS = flags.DEFINE_list("cohorts", [], "Also time overlapped play in k out-of-phase "
+                             "lock-step cohorts of rows (`schedule(overlap=k)`), per k >= 2.")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed rounds per schedule.")
 _MAX_LEN = flags.DEFINE_integer("max_len", 1024, "Transcript token budget per episode.")
 _STOP_EVERY = flags.DEFINE_integer("stop_every", 12, "Every n-th id is a stop id (turns and "
@@ -181,6 +184,12 @@ def main(argv):
     raise app.UsageError(f"--step_ms takes numbers of milliseconds, got {_STEP_MS.value}") from e
   if not step_ms or min(step_ms) < 0:
     raise app.UsageError(f"--step_ms needs values >= 0, got {_STEP_MS.value}")
+  try:
+    cohorts = [int(v) for v in _COHORTS.value]
+  except ValueError as e:
+    raise app.UsageError(f"--cohorts takes integers >= 2, got {_COHORTS.value}") from e
+  if any(k < 2 for k in cohorts):
+    raise app.UsageError(f"--cohorts takes integers >= 2, got {_COHORTS.value}")
   sources = [PROGRAM.replace("step_ms=5.0", f"step_ms={ms}") for ms in step_ms]
   source = sources[0]
   with EnvPool(SandboxConfig(num_workers=min(8, _EPISODES.value))) as pool:
@@ -200,19 +209,23 @@ def main(argv):
                            max_len=_MAX_LEN.value, max_slots=_SLOTS.value, overlap=overlap)
         return time.perf_counter() - t0, eps
 
+      kinds = [False, True, *cohorts]
       for ms, src in zip(step_ms, sources):
-        play(False, src), play(True, src)  # compile both schedules' shapes at this step time
-        times = {False: [], True: []}
+        for o in kinds:  # compile each schedule's shapes at this step time
+          play(o, src)
+        times = {o: [] for o in kinds}
         same = True
         compiles[:] = [0, 0.0]
         timing[0] = True
         for _ in range(_REPEATS.value):
-          (ts, a), (to, b) = play(False, src), play(True, src)
-          times[False].append(ts)
-          times[True].append(to)
+          got = {}
+          for o in kinds:
+            times[o].append(0.0)
+            times[o][-1], got[o] = play(o, src)
+          a = got[False]
           same &= all(x.tokens == y.tokens and x.outcome == y.outcome and x.turns == y.turns
                       and max((abs(p - q) for p, q in zip(x.logps, y.logps)), default=0) < 1e-4
-                      for x, y in zip(a, b))
+                      for b in got.values() for x, y in zip(a, b))
         timing[0] = False
         seq, ovl = statistics.median(times[False]), statistics.median(times[True])
         turns = sum(ep.turns for ep in a)
@@ -222,6 +235,10 @@ def main(argv):
               f"{min(times[True]):.2f}/{ovl:.2f}s (min/median)  speed-up {seq / ovl:.2f}x  "
               f"same transcripts {same}  compiles {compiles[0]} ({compiles[1]:.2f}s)",
               flush=True)
+        for k in cohorts:
+          med = statistics.median(times[k])
+          print(f"      {k} cohorts: {min(times[k]):.2f}/{med:.2f}s (min/median)  "
+                f"speed-up {seq / med:.2f}x", flush=True)
       if _DESIGNS.value > 0:
         rule = SamplingConfig(temperature=1.0, eos_id=1, pad_id=0, eos_ids=tuple(
             range(3, cfg.vocab_size, _DESIGN_STOP_EVERY.value)))

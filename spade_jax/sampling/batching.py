@@ -42,7 +42,7 @@ class Turn:
 def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
              respond: Callable[[dict[int, Output]], dict[int, Turn | None]], *,
              slots: Sequence[int] | None = None, refill_early: bool = False,
-             overlap: bool = False, workers: int | None = None) -> list[int]:
+             overlap: bool | int = False, workers: int | None = None) -> list[int]:
   """Runs conversations on ``engine``'s rows until every one has ended.
 
   Args:
@@ -66,6 +66,10 @@ def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
       since a row's draws depend only on its own key and positions. It removes
       stragglers (fewer decode steps); rejoining conversations are extended together
       once a quarter of the rows are ready (see experiments/benchmarks/rollout.py).
+      An int k >= 2 instead splits the rows into k cohorts that run in lock step each,
+      out of phase: one cohort extends and decodes its turns while the others'
+      ``respond`` (env steps) run, so env time hides behind the other cohorts' decoding
+      rather than only behind stragglers (same outputs again).
     workers: threads that run ``respond`` with ``overlap`` (default: one per row, at
       most 64, so that no ended turn waits for a thread while others' env steps run:
       an env step mostly waits on its sandbox worker).
@@ -82,6 +86,8 @@ def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
   if overlap:
     if workers is None:
       workers = min(len(free), 64)
+    if overlap is not True and overlap >= 2:
+      return _schedule_cohorts(engine, first, keys, respond, free, int(overlap), workers)
     return _schedule_overlapped(engine, first, keys, respond, free, workers)
   waiting = collections.deque(range(len(first)))
   running: dict[int, int] = {}  # conversation -> row, in the order rows were taken
@@ -173,6 +179,55 @@ def _schedule_overlapped(engine: Engine, first: Sequence[Turn], keys: Sequence[j
           finished[c] = (*partial.pop(c), hit)
       if finished:
         inflight[pool.submit(respond, finished)] = list(finished)
+  return row_of
+
+
+def _schedule_cohorts(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
+                      respond, free: collections.deque, k: int, workers: int) -> list[int]:
+  """`schedule` as ``k`` lock-step cohorts on disjoint rows, run out of phase.
+
+  A cohort that is ready (its last `respond` returned) takes waiting conversations into
+  its free rows, extends its conversations' next turns and decodes them to their ends,
+  then hands the outputs to `respond` in a worker thread and the next ready cohort goes.
+  """
+  rows = list(free)
+  k = min(k, len(rows))
+  own = [collections.deque(rows[g::k]) for g in range(k)]  # each cohort's free rows
+  waiting = collections.deque(range(len(first)))
+  running: list[dict[int, int]] = [{} for _ in range(k)]  # cohort -> {conversation: row}
+  turn: dict[int, Turn] = {}
+  starts: list[dict[int, jax.Array]] = [{} for _ in range(k)]
+  pending: dict[concurrent.futures.Future, int] = {}  # respond call -> its cohort
+  row_of = [-1] * len(first)
+  nxt = 0
+  with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+    while waiting or any(running):
+      for f in [f for f in pending if f.done()]:
+        g, out = pending.pop(f), f.result()  # re-raises an exception of `respond`
+        ended = [c for c in running[g] if out.get(c) is None]
+        turn.update((c, out[c]) for c in running[g] if out.get(c) is not None)
+        if ended:
+          done_rows = [running[g].pop(c) for c in ended]
+          engine.release(done_rows)
+          own[g].extend(done_rows)
+      busy = set(pending.values())
+      ready = [g for g in (*range(nxt, k), *range(nxt)) if g not in busy
+               and (running[g] or (waiting and own[g]))]
+      if not ready:
+        concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+        continue
+      g = ready[0]
+      nxt = (g + 1) % k
+      while waiting and own[g]:
+        c = waiting.popleft()
+        running[g][c] = row_of[c] = own[g].popleft()
+        turn[c], starts[g][running[g][c]] = first[c], keys[c]
+      mine = {c: turn.pop(c) for c in running[g]}
+      engine.extend({running[g][c]: list(t.ids) for c, t in mine.items() if len(t.ids)},
+                    starts[g])
+      starts[g] = {}
+      res = engine.decode({running[g][c]: t.max_new_tokens for c, t in mine.items()})
+      pending[pool.submit(respond, {c: res[running[g][c]] for c in mine})] = g
   return row_of
 
 

@@ -82,7 +82,7 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
                  policy: Policy, chat: ChatTemplate, system_prompt: str | None,
                  *, max_turns: int, max_turn_tokens: int, max_len: int,
                  max_slots: int | None = None, setting: str = "games",
-                 overlap: bool = False) -> list[Episode]:
+                 overlap: bool | int = False) -> list[Episode]:
   """Plays every spec to the end and returns one `Episode` per spec.
 
   Args:
@@ -106,7 +106,8 @@ def run_episodes(pool, sources: Sequence[str], specs: Sequence[EpisodeSpec],
       tool messages and a revealed request as a user message.
     overlap: with a `Sampler`, step an episode's env as soon as its turn ends, in a
       worker thread, while the engine keeps decoding the other episodes (same
-      transcripts as the lock-step schedule).
+      transcripts as the lock-step schedule). An int k >= 2: k out-of-phase lock-step
+      cohorts of rows (`sampling.schedule`), so env steps hide behind other rows' turns.
 
   Returns:
     Episodes in the order of `specs`. Sandbox failures end an episode with the
@@ -122,7 +123,7 @@ def run_episodes_with_requests(
     pool, sources: Sequence[str], specs: Sequence[EpisodeSpec], sampler: Sampler,
     chat: ChatTemplate, system_prompt: str | None, requests: Sequence[Request], *,
     max_turns: int, max_turn_tokens: int, max_len: int, max_slots: int | None = None,
-    setting: str = "games", overlap: bool = False
+    setting: str = "games", overlap: bool | int = False
 ) -> tuple[list[Episode], list[Completion]]:
   """`run_episodes`, with one-shot generation requests decoded on the same engine rows.
 

@@ -276,10 +276,14 @@ def test_overlap_play_reaches_the_episode_runner(tmp_path, scripted, pool, monke
     raise Stop
 
   monkeypatch.setattr(iteration_lib, "run_episodes", spy)
-  for overlap in (False, True):
+  for overlap, cohorts in ((False, 0), (True, 0), (True, 3)):
     with pytest.raises(Stop):
-      _selfplay(tmp_path, pool, overlap_play=overlap).iteration(0)
-  assert seen == [False, True]
+      _selfplay(tmp_path, pool, overlap_play=overlap, play_cohorts=cohorts).iteration(0)
+  assert seen == [False, True, 3]
+  with pytest.raises(ValueError, match="needs selfplay.overlap_play"):
+    selfplay.SelfPlayConfig(play_cohorts=2)
+  with pytest.raises(ValueError, match="k >= 2"):
+    selfplay.SelfPlayConfig(overlap_play=True, play_cohorts=1)
 
 
 def _designer_calls(calls):

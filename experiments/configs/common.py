@@ -156,9 +156,10 @@ def recipe(a, *, setting: str, iterations: int, envs: int, plays: int, hinted: i
       llm_validator=llm_validator, judge_tokens=2048, designer_thinking=True,
       agent_thinking=True,
       # Schedule options, off as the reference runs: --config.selfplay.overlap_play=True
-      # steps envs while other rows decode; design_ahead=True decodes the next
-      # regeneration's designs beside the plays before it; dynamic_sampling=True (DAPO).
-      overlap_play=False, design_ahead=False, dynamic_sampling=False)
+      # steps envs while other rows decode (play_cohorts=k: in k out-of-phase cohorts of
+      # rows); design_ahead=True decodes the next regeneration's designs beside the plays
+      # before it; dynamic_sampling=True (DAPO).
+      overlap_play=False, play_cohorts=0, design_ahead=False, dynamic_sampling=False)
   c.rewards = dict(variant="blend", credit_window=regen)
   c.corpus = dict(source="embedded", max_words=doc_words)
   c.memory = dict(capacity=200)

@@ -47,7 +47,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       num_envs=4, plays=2, hinted_plays=2, max_turns=3, agent_turn_tokens=32,
       designer_new_tokens=192, designer_prompt_tokens=1280, skills_per_regen=2,
       designer_resamples=1, regen_every=1, hint_source="policy", hint_tokens=64,
-      fill_from_pool=True, overlap_play=False, design_ahead=False, dynamic_sampling=False)
+      fill_from_pool=True, overlap_play=False, play_cohorts=0, design_ahead=False,
+      dynamic_sampling=False)
   c.rewards = dict(variant="blend", credit_window=1, invalid_penalty=-1.0)
   c.corpus = dict(source="embedded", max_words=200)
   c.memory = dict(capacity=200)

@@ -100,6 +100,9 @@ class SelfPlayConfig:
     overlap_play: step an episode's env as soon as its turn ends, while the sampler
       decodes the other episodes (same transcripts as lock step; see
       `selfplay.episodes.run_episodes` and experiments/benchmarks/rollout.py).
+    play_cohorts: with `overlap_play`, k >= 2 splits the agent's engine rows into k
+      lock-step cohorts run out of phase: one decodes while the others' envs step
+      (`sampling.schedule(overlap=k)`); 0 lets every row rejoin on its own.
     design_ahead: the first designer sample of each slot for the next regeneration is
       drawn during the plays of the iteration before it, on the agent's engine rows
       (`episodes.run_episodes_with_requests`), so the designer's decoding overlaps the
@@ -140,6 +143,7 @@ class SelfPlayConfig:
   designer_thinking: bool = True
   agent_thinking: bool = True
   overlap_play: bool = False
+  play_cohorts: int = 0
   design_ahead: bool = False
 
   def __post_init__(self):
@@ -158,10 +162,21 @@ class SelfPlayConfig:
       raise ValueError(f"selfplay.hinted_plays={self.hinted_plays}: the designer's regret "
                        "needs hinted plays; set it >= 1 (only the baselines, "
                        "selfplay.env_source='static_pool' or 'rlve', may use 0).")
+    if self.play_cohorts == 1 or self.play_cohorts < 0:
+      raise ValueError(f"selfplay.play_cohorts={self.play_cohorts}: use 0 (rows rejoin on "
+                       "their own) or k >= 2 cohorts.")
+    if self.play_cohorts and not self.overlap_play:
+      raise ValueError(f"selfplay.play_cohorts={self.play_cohorts} needs "
+                       "selfplay.overlap_play=True (cohorts are an overlapped schedule).")
     for name in ("hinted_plays", "skills_per_regen", "designer_resamples",
                  "designer_prompt_tokens"):
       if getattr(self, name) < 0:
         raise ValueError(f"selfplay.{name} must be >= 0; got {getattr(self, name)}.")
+
+
+def _overlap(cfg: SelfPlayConfig) -> bool | int:
+  """The episode runner's `overlap`: lock step, rows rejoining alone, or k cohorts."""
+  return cfg.play_cohorts if cfg.overlap_play and cfg.play_cohorts else cfg.overlap_play
 
 
 @dataclasses.dataclass(frozen=True)
@@ -505,7 +520,7 @@ class SelfPlay:
     if self._design_ahead_due(it):
       episodes = self._play_and_design_ahead(it, args, kw, metrics)
     else:
-      episodes = run_episodes(*args, **kw, overlap=cfg.overlap_play)
+      episodes = run_episodes(*args, **kw, overlap=_overlap(cfg))
     times["play"] = time.perf_counter() - t0
 
     r_n, m_n = np.zeros((E, N), np.float32), np.zeros((E, N), bool)
@@ -560,11 +575,11 @@ class SelfPlay:
       requests = [Request(p, cfg.designer_new_tokens, k)
                   for p, k in zip(prompts, row_keys(key, len(prompts)))]
       episodes, done = run_episodes_with_requests(*args, requests, **kw,
-                                                  overlap=cfg.overlap_play)
+                                                  overlap=_overlap(cfg))
       gen = Generation([c.tokens for c in done], [c.logprobs for c in done],
                        [c.finished for c in done])
     else:  # a plain callable policy: the same samples, one after the other
-      episodes = run_episodes(*args, **kw, overlap=cfg.overlap_play)
+      episodes = run_episodes(*args, **kw, overlap=_overlap(cfg))
       gen = designer(prompts, cfg.designer_new_tokens)
     self.ahead = {"iteration": it + 1, "version": version, "prompts": prompts,
                   "docs": [dataclasses.asdict(d) if d else None for d in docs],

@@ -196,7 +196,6 @@ def _schedule_cohorts(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.
   waiting = collections.deque(range(len(first)))
   running: list[dict[int, int]] = [{} for _ in range(k)]  # cohort -> {conversation: row}
   turn: dict[int, Turn] = {}
-  starts: list[dict[int, jax.Array]] = [{} for _ in range(k)]
   pending: dict[concurrent.futures.Future, int] = {}  # respond call -> its cohort
   row_of = [-1] * len(first)
   nxt = 0
@@ -218,14 +217,14 @@ def _schedule_cohorts(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.
         continue
       g = ready[0]
       nxt = (g + 1) % k
+      starts = {}  # rows that begin a conversation now
       while waiting and own[g]:
         c = waiting.popleft()
         running[g][c] = row_of[c] = own[g].popleft()
-        turn[c], starts[g][running[g][c]] = first[c], keys[c]
+        turn[c], starts[running[g][c]] = first[c], keys[c]
       mine = {c: turn.pop(c) for c in running[g]}
       engine.extend({running[g][c]: list(t.ids) for c, t in mine.items() if len(t.ids)},
-                    starts[g])
-      starts[g] = {}
+                    starts)
       res = engine.decode({running[g][c]: t.max_new_tokens for c, t in mine.items()})
       pending[pool.submit(respond, {c: res[running[g][c]] for c in mine})] = g
   return row_of

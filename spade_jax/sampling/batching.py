@@ -86,7 +86,10 @@ def schedule(engine: Engine, first: Sequence[Turn], keys: Sequence[jax.Array],
   if overlap:
     if workers is None:
       workers = min(len(free), 64)
-    if overlap is not True and overlap >= 2:
+    if overlap is not True:
+      if overlap < 2:
+        raise ValueError(f"schedule(overlap={overlap!r}): pass True (rows rejoin on their "
+                         "own) or an int k >= 2 (k out-of-phase cohorts).")
       return _schedule_cohorts(engine, first, keys, respond, free, int(overlap), workers)
     return _schedule_overlapped(engine, first, keys, respond, free, workers)
   waiting = collections.deque(range(len(first)))

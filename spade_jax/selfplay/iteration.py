@@ -176,7 +176,7 @@ class SelfPlayConfig:
 
 def _overlap(cfg: SelfPlayConfig) -> bool | int:
   """The episode runner's `overlap`: lock step, rows rejoining alone, or k cohorts."""
-  return cfg.play_cohorts if cfg.overlap_play and cfg.play_cohorts else cfg.overlap_play
+  return cfg.play_cohorts or cfg.overlap_play  # play_cohorts > 0 implies overlap_play
 
 
 @dataclasses.dataclass(frozen=True)

@@ -154,7 +154,9 @@ def test_byte_vocab_and_chat_round_trip():
 @pytest.mark.parametrize("S,live,read_whole,dot_scores", [
     (64, 1, True, False), (64, 37, True, False), (192, 130, True, False),  # read whole
     (768, 700, True, False), (192, 130, True, True), (768, 700, True, True),
-    (512, 512, False, False), (768, 300, False, False), (2048, 1500, False, False)])  # loop
+    (512, 512, False, False), (768, 300, False, False), (2048, 1500, False, False),  # loop
+    (768, 300, 0.5, False), (768, 700, 0.5, False), (768, 384, 0.5, True),  # chosen by live
+    (2048, 1500, 0.75, False), (192, 30, 0.5, False)])
 def test_blocked_decode_attention_equals_full_softmax(S, live, read_whole, dot_scores):
   B = 3
   ks = jax.random.split(jax.random.key(S + live), 4)
@@ -171,3 +173,22 @@ def test_blocked_decode_attention_equals_full_softmax(S, live, read_whole, dot_s
   np.testing.assert_allclose(got, want, atol=2e-5)
   blk = attention.live_block(S)
   assert blk <= attention.DECODE_BLOCK and S % blk == 0
+
+
+def test_decode_attention_live_share_rejects_a_share_outside_0_1():
+  q, k, v = jnp.zeros((1, 1, 2, 4)), jnp.zeros((1, 1, 4, 512)), jnp.zeros((1, 1, 512, 4))
+  mask = jnp.ones((1, 1, 512), bool)
+  with pytest.raises(ValueError, match=r"share of the cache must be in \(0, 1\]"):
+    attention.decode_attention(q, k, v, mask, jnp.int32(3), read_whole=1.5, dot_scores=False)
+
+
+def test_auto_decode_attention_on_cpu_reads_mid_sized_caches_by_live_share():
+  f32 = jnp.float32
+  small = (jnp.zeros((8, 4, 32, 192), f32), jnp.zeros((8, 4, 192, 32), f32))  # 1.5 MiB
+  mid = (jnp.zeros((8, 4, 32, 640), f32), jnp.zeros((8, 4, 640, 32), f32))  # 5 MiB
+  big = (jnp.zeros((8, 4, 64, 1024), f32), jnp.zeros((8, 4, 1024, 64), f32))  # 16 MiB
+  assert attention._cpu_read_whole(*small) is True
+  assert attention._cpu_read_whole(*mid) == attention.CPU_DECODE_LIVE_SHARE
+  assert attention._cpu_read_whole(*big) == attention.CPU_DECODE_LIVE_SHARE
+  huge = (jnp.zeros((8, 4, 64, 2048), f32), jnp.zeros((8, 4, 2048, 64), f32))  # 32 MiB
+  assert attention._cpu_read_whole(*huge) is False

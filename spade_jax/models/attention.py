@@ -299,6 +299,11 @@ DECODE_BLOCK = 256
 # block loop); see `decode_attention`.
 CPU_DECODE_WHOLE_MAX = 1024
 CPU_DECODE_WHOLE_BYTES = 4 << 20
+# Larger CPU caches of up to CPU_DECODE_LIVE_BYTES per layer are read whole at
+# the steps where the live prefix reaches CPU_DECODE_LIVE_SHARE of the cache
+# (the block walk would copy nearly all of it anyway), walked otherwise.
+CPU_DECODE_LIVE_BYTES = 16 << 20
+CPU_DECODE_LIVE_SHARE = 0.5
 
 # name -> fn(q [B, 1, H, E], k [B, K, E, S], v [B, K, S, E], mask [B, 1, S] bool,
 #   live_len scalar) -> [B, 1, H, E] float32.
@@ -323,15 +328,19 @@ def _sum_scores(q, k):
   return sum(q[:, :, :, e, None] * k[:, :, None, e, :] for e in range(q.shape[-1]))
 
 
-def decode_attention(q, k, v, mask, live_len, *, read_whole: bool, dot_scores: bool):
+def decode_attention(q, k, v, mask, live_len, *, read_whole: bool | float,
+                     dot_scores: bool):
   """One query per row over the live blocks of the cache only.
 
   The registered decode kernels are this function with the two choices made.
 
-  A cache of one block (S <= DECODE_BLOCK), or any cache when `read_whole`, is
-  read whole without a loop. While a layer's cache is small, the loop's block
-  copies cost more than reading the entries past the live prefix; for large
-  caches the loop wins (see experiments/benchmarks/decode_attention.py). A
+  A cache of one block (S <= DECODE_BLOCK), or any cache when `read_whole` is
+  True, is read whole without a loop. While a layer's cache is small, the
+  loop's block copies cost more than reading the entries past the live prefix;
+  for large caches the loop wins (see experiments/benchmarks/decode_attention.py).
+  A float `read_whole` in (0, 1] decides at run time: the step reads whole when
+  `live_len` is at least that share of the cache, and walks the blocks
+  otherwise (`lax.cond`; both are compiled, one runs). A
   whole read's scores are one dot ([G, E] x [E, S] per (B, K)) with
   `dot_scores`, else a sum of E broadcast products (`_sum_scores`): XLA:CPU
   runs the dot as B*K products with only G = H/K rows each, and the
@@ -349,7 +358,9 @@ def decode_attention(q, k, v, mask, live_len, *, read_whole: bool, dot_scores: b
     v: values [B, K, S, E].
     mask: [B, 1, S] bool.
     live_len: scalar; no entry at or after it is visible in any row.
-    read_whole: read the whole cache even when it is longer than one block.
+    read_whole: True: read the whole cache even when it is longer than one
+      block; False: walk its live blocks; a float share: read whole when the
+      live prefix is at least that share of the cache.
     dot_scores: a whole read's scores as a dot rather than a sum of products.
 
   Returns:
@@ -358,6 +369,17 @@ def decode_attention(q, k, v, mask, live_len, *, read_whole: bool, dot_scores: b
   B, _, H, E = q.shape
   K, S = k.shape[1], k.shape[3]
   G = H // K
+  if isinstance(read_whole, float) and not isinstance(read_whole, bool):
+    if not 0.0 < read_whole <= 1.0:
+      raise ValueError(f"read_whole as a share of the cache must be in (0, 1]; got "
+                       f"{read_whole}.")
+    if live_block(S) == S:
+      read_whole = True
+    else:
+      whole = functools.partial(decode_attention, read_whole=True, dot_scores=dot_scores)
+      walk = functools.partial(decode_attention, read_whole=False, dot_scores=dot_scores)
+      at = math.ceil(read_whole * S)
+      return jax.lax.cond(live_len >= at, whole, walk, q, k, v, mask, live_len)
   blk = S if read_whole else live_block(S)
   q = (q[:, 0].astype(jnp.float32) / math.sqrt(E)).reshape(B, K, G, E)
   if blk == S:
@@ -401,14 +423,26 @@ def _small_cache(k, v) -> bool:
   return k.shape[3] <= CPU_DECODE_WHOLE_MAX and nbytes <= CPU_DECODE_WHOLE_BYTES
 
 
+def _cpu_read_whole(k, v) -> bool | float:
+  """A CPU step's `read_whole`: True for small caches, the live share for
+  mid-sized ones (`CPU_DECODE_LIVE_BYTES`), False (the walk) beyond."""
+  if _small_cache(k, v):
+    return True
+  nbytes = k.size * k.dtype.itemsize + v.size * v.dtype.itemsize
+  return CPU_DECODE_LIVE_SHARE if nbytes <= CPU_DECODE_LIVE_BYTES else False
+
+
 @DECODE_ATTENTION.register("auto")
 def auto_decode_attention(q, k, v, mask, live_len):
   """The default. On CPU: small caches (`CPU_DECODE_WHOLE_MAX` entries,
-  `CPU_DECODE_WHOLE_BYTES`) read whole with sum-of-products scores, larger ones
-  walked block by block. Elsewhere: the block walk, with dot scores when the
+  `CPU_DECODE_WHOLE_BYTES`) read whole with sum-of-products scores; mid-sized
+  ones (`CPU_DECODE_LIVE_BYTES`) read whole at the steps whose live prefix is at
+  least `CPU_DECODE_LIVE_SHARE` of the cache and walked block by block before;
+  larger ones walked. Elsewhere: the block walk, with dot scores when the
   cache is one block."""
   cpu = _on_cpu()
-  return decode_attention(q, k, v, mask, live_len, read_whole=cpu and _small_cache(k, v),
+  return decode_attention(q, k, v, mask, live_len,
+                          read_whole=_cpu_read_whole(k, v) if cpu else False,
                           dot_scores=not cpu)
 
 
@@ -425,7 +459,8 @@ def dot_decode_attention(q, k, v, mask, live_len):
   """As "auto", but a whole read's scores are one dot product on every backend
   (on CPU instead of the sum of products)."""
   return decode_attention(q, k, v, mask, live_len,
-                          read_whole=_on_cpu() and _small_cache(k, v), dot_scores=True)
+                          read_whole=_cpu_read_whole(k, v) if _on_cpu() else False,
+                          dot_scores=True)
 
 
 # -- KV cache -----------------------------------------------------------------

@@ -7,7 +7,7 @@ import pytest
 
 from spade_jax.models import get_preset, init_params, token_logprobs
 from spade_jax.sampling import SamplingConfig, generate, sample_logits
-from spade_jax.sampling.rules import TopK, TopP
+from spade_jax.sampling.rules import TopK, TopP, first_argmax, token_logprob
 
 CFG = get_preset("tiny")
 
@@ -119,6 +119,32 @@ def test_sort_free_top_k_and_top_p_equal_the_sorted_definitions():
   np.testing.assert_array_equal(TopP(1.0)(row), row)
   np.testing.assert_array_equal(TopP(0.5)(jnp.asarray([[0.0, 50.0, 1.0]])),
                                 [[-np.inf, 50.0, -np.inf]])
+
+
+def test_first_argmax_and_token_logprob_equal_jnp_argmax_and_log_softmax():
+  rng = np.random.default_rng(1)
+  argmax, pick = jax.jit(first_argmax), jax.jit(token_logprob)
+  for trial in range(40):
+    B, V = int(rng.integers(1, 9)), int(rng.integers(1, 700))
+    x = rng.normal(size=(B, V)).astype(np.float32) * rng.uniform(0.1, 30)
+    if trial % 3 == 0:
+      x = np.round(x)  # ties: the first index wins
+    if trial % 4 == 0:
+      x[:, :V // 2] = -np.inf
+    if trial % 5 == 0:
+      x[0, :] = -np.inf  # a row with nothing finite
+    if trial % 7 == 0:
+      x[-1, V // 2] = np.nan  # NaN counts as the largest, as in jnp.argmax
+    if trial % 11 == 0:
+      x[0, 0], x[0, -1] = -0.0, 0.0
+      x[0, 1:-1] = -1.0
+    x = jnp.asarray(x)
+    want = jnp.argmax(x, axis=-1)
+    np.testing.assert_array_equal(argmax(x), want)
+    np.testing.assert_array_equal(  # same arithmetic: equal to the bit, NaN where it is
+        pick(x, want),
+        jnp.take_along_axis(jax.nn.log_softmax(x, axis=-1), want[:, None], 1)[:, 0])
+  assert argmax(jnp.zeros((2, 3, 5))).shape == (2, 3)
 
 
 def test_bad_sampling_config():

@@ -212,6 +212,15 @@ def test_layer_cache_and_decode_layout_choices_are_checked(params):
   assert not plain.feature_major and plain.decode_params is plain.params
 
 
+def test_cache_past_one_block_rounds_max_len_plus_the_spare_entry(params):
+  rule = SamplingConfig(temperature=0.0, eos_id=-1)
+  for want, cache in ((576, 768), (640, 768), (767, 768), (768, 1024), (300, 512)):
+    eng = _engine(params, rule, max_len=want)
+    assert (eng.cache_len, eng.max_len) == (cache, cache - 1)
+  eng = _engine(params, rule, max_len=200)
+  assert (eng.cache_len, eng.max_len) == (224, 208)
+
+
 def test_decode_needs_fresh_logits_and_room(params):
   eng = _engine(params, SamplingConfig(temperature=0.0, eos_id=-1), max_len=32)
   with pytest.raises(ValueError, match="no fresh logits"):

@@ -61,7 +61,7 @@ from spade_jax import parallel
 from spade_jax.models import (DECODE_BLOCK, KEY_CACHE_AXES, VALUE_CACHE_AXES, ModelConfig,
                               cache_shapes, decode_params, decode_step, forward, init_cache,
                               logits_from_hidden, param_axes, param_shapes)
-from spade_jax.sampling.rules import SamplingConfig, draw, is_stop
+from spade_jax.sampling.rules import SamplingConfig, draw, is_stop, token_logprob
 
 # Logical axes of the stacked key / value caches; per-layer buffers drop "layers".
 CACHE_AXES = {"k": KEY_CACHE_AXES, "v": VALUE_CACHE_AXES}
@@ -219,7 +219,7 @@ def decode_loop(params, state: DecodeState, active, budget, stop_on_finish, *,
   def body(c):
     step, st, done, toks, logps, eos, _ = c
     tok = draw(st.logits, st.keys, st.lengths, rule)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(st.logits, axis=-1), tok[:, None], 1)[:, 0]
+    logp = token_logprob(st.logits, tok)
     emit = ~done
     tok = jnp.where(emit, tok, rule.pad_id)
     toks = jax.lax.dynamic_update_index_in_dim(toks, tok, step, 1)
@@ -290,8 +290,10 @@ class Engine:
     cfg: model config.
     params: model parameters (any layout; resharded onto the engine's).
     slots: number of rows (rounded up to a multiple of the batch shards).
-    max_len: tokens one row may hold (rounded up to a multiple of 16, or of 256
-      past 256); the cache has `cache_len` (one more, rounded) entries per row.
+    max_len: tokens one row may hold, rounded up: to a multiple of 16, the
+      cache (`cache_len` entries per row) then to the next multiple of 16 above
+      it; past 255, max_len + 1 to a multiple of 256, which is the cache, and a
+      row may hold all of it but one spare entry.
     rule: sampling rule (static: a new rule compiles new decode programs).
     mesh, rules: optional mesh and logical-axis rule set; without them the
       engine runs on the default device.
@@ -364,12 +366,17 @@ class Engine:
       decode_layout = ("feature_major" if one_cpu and self.slots >= FEATURE_MAJOR_MIN_SLOTS
                        else "batch_major")
     self.feature_major = decode_layout == "feature_major"
-    # Multiples of 16; past one decode-attention block, of the block.
-    step = DECODE_BLOCK if max_len > DECODE_BLOCK else 16
-    self.max_len = -(-int(max_len) // step) * step
     # One spare entry: a row that does not emit in a decode step writes there.
-    step = DECODE_BLOCK if self.max_len + 1 > DECODE_BLOCK else 16
-    self.cache_len = -(-(self.max_len + 1) // step) * step
+    # Up to one decode-attention block, max_len and then the cache round up to
+    # multiples of 16; past it, max_len + 1 rounds up to a multiple of the block
+    # and a row may hold every entry but the spare (576 -> 768 entries, not 1,024).
+    if max_len + 1 > DECODE_BLOCK:
+      self.cache_len = -(-(int(max_len) + 1) // DECODE_BLOCK) * DECODE_BLOCK
+      self.max_len = self.cache_len - 1
+    else:
+      self.max_len = -(-int(max_len) // 16) * 16
+      step = DECODE_BLOCK if self.max_len + 1 > DECODE_BLOCK else 16
+      self.cache_len = -(-(self.max_len + 1) // step) * step
     self.cache_dtype = cache_dtype or cfg.compute_dtype
     self.lengths = np.zeros(self.slots, np.int64)  # host copy of state.lengths
     # Extends run the model on the rows that take tokens only (a gather and a
@@ -398,6 +405,7 @@ class Engine:
     self.params = self.decode_params = None
     self.set_params(params)
     self.state = self._init(cfg, self.slots, self.cache_len, self.cache_dtype, self.per_layer)
+    self._key_shape = jax.random.key_data(self.state.keys).shape[1:]
 
   # -- parameters ---------------------------------------------------------------
   def set_params(self, params) -> None:
@@ -442,7 +450,8 @@ class Engine:
 
     Args:
       chunks: slot -> new token ids (at least one each).
-      starts: slot -> PRNG key for rows whose history is dropped first.
+      starts: slot -> PRNG key for rows whose history is dropped first (a typed
+        key, or its `jax.random.key_data` as a NumPy array).
     """
     starts = starts or {}
     for b in starts:
@@ -496,7 +505,7 @@ class Engine:
   def _extend_pieces(self, chunks: dict[int, Sequence[int]], starts: dict[int, jax.Array],
                      lengths: np.ndarray) -> None:
     """One group's extend calls (`lengths`: host lengths, updated in place)."""
-    key_shape = jax.random.key_data(self.state.keys).shape[1:]
+    key_shape = self._key_shape
     longest = max(len(t) for t in chunks.values())
     # Long chunks go in pieces of `prefill_chunk` tokens, each attending only
     # over the cache written so far: causal attention then costs about half of
@@ -526,7 +535,8 @@ class Engine:
         offset[i] = max(0, int(lengths[b]) + c - span)
         tokens[i, offset[i]:offset[i] + len(piece)], count[i] = piece, len(piece)
         if j == 0 and b in starts:
-          reset[i], keys[i] = True, np.asarray(jax.random.key_data(starts[b]))
+          k = starts[b]
+          reset[i], keys[i] = True, k if isinstance(k, np.ndarray) else jax.random.key_data(k)
       self._log_program("extend", len(rows), c, span)
       self.state = self._extend(self.params, self.state, np.asarray(rows, np.int32), tokens,
                                 offset, count, reset, jax.random.wrap_key_data(keys), cfg=self.cfg,

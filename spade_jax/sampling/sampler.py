@@ -13,6 +13,7 @@ import dataclasses
 from typing import Callable, Sequence
 
 import jax
+import numpy as np
 
 from spade_jax.models import ModelConfig
 from spade_jax.sampling.engine import Engine, bucket, num_engine_programs
@@ -64,8 +65,8 @@ def generate(params, cfg: ModelConfig, prompts: Sequence[Sequence[int]],
   N = bucket(max_new_tokens)
   eng = Engine(cfg, params, slots=bucket(len(prompts), 1), max_len=P + N, rule=rule,
                mesh=mesh, rules=rules, cache_dtype=cache_dtype, detokenize=detokenize)
-  keys = row_keys(key, len(prompts))
-  eng.extend(dict(enumerate(prompts)), {i: keys[i] for i in range(len(prompts))})
+  keys = np.asarray(jax.random.key_data(row_keys(key, len(prompts))))  # one transfer
+  eng.extend(dict(enumerate(prompts)), dict(enumerate(keys)))
   out = eng.decode({i: max_new_tokens for i in range(len(prompts))})
   rows = [out[i] for i in range(len(prompts))]
   return Generation([r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows])

@@ -7,8 +7,10 @@ A decode step's attention is chosen by `ModelConfig.decode_attention`
 (`attention.DECODE_ATTENTION`). The default, "auto", on CPU (a) computes a
 step's scores as a sum of E broadcast products over the length-last keys and
 (b) reads caches of up to `attention.CPU_DECODE_WHOLE_MAX` entries and
-`attention.CPU_DECODE_WHOLE_BYTES` of keys and values per layer whole, walking
-larger ones block by block up to the live length. For each model size and
+`attention.CPU_DECODE_WHOLE_BYTES` of keys and values per layer whole, and
+caches of up to `attention.CPU_DECODE_LIVE_BYTES` whole at the steps where
+`CPU_DECODE_LIVE_SHARE` of them is live, walking the others block by block up to
+the live length. For each model size and
 configuration (batch x longest prompt x new tokens; other prompts half to full
 length) this script prefills one engine (fp32, fp32 cache) and compiles
 `engine.decode_loop` once per kernel on the same state:

@@ -417,18 +417,13 @@ def _on_cpu() -> bool:
   return jax.default_backend() == "cpu"
 
 
-def _small_cache(k, v) -> bool:
-  """Whether a layer's cache is small enough for a CPU step to read whole."""
-  nbytes = k.size * k.dtype.itemsize + v.size * v.dtype.itemsize
-  return k.shape[3] <= CPU_DECODE_WHOLE_MAX and nbytes <= CPU_DECODE_WHOLE_BYTES
-
-
 def _cpu_read_whole(k, v) -> bool | float:
-  """A CPU step's `read_whole`: True for small caches, the live share for
-  mid-sized ones (`CPU_DECODE_LIVE_BYTES`), False (the walk) beyond."""
-  if _small_cache(k, v):
-    return True
+  """A CPU step's `read_whole` for a layer's cache: True when small (entries
+  and bytes), the live share when mid-sized (`CPU_DECODE_LIVE_BYTES`), False
+  (the walk) beyond."""
   nbytes = k.size * k.dtype.itemsize + v.size * v.dtype.itemsize
+  if k.shape[3] <= CPU_DECODE_WHOLE_MAX and nbytes <= CPU_DECODE_WHOLE_BYTES:
+    return True
   return CPU_DECODE_LIVE_SHARE if nbytes <= CPU_DECODE_LIVE_BYTES else False
 
 

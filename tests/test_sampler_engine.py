@@ -214,7 +214,7 @@ def test_layer_cache_and_decode_layout_choices_are_checked(params):
 
 def test_cache_past_one_block_rounds_max_len_plus_the_spare_entry(params):
   rule = SamplingConfig(temperature=0.0, eos_id=-1)
-  for want, cache in ((576, 768), (640, 768), (767, 768), (768, 1024), (300, 512)):
+  for want, cache in ((576, 768), (640, 768), (767, 768), (768, 1024), (300, 512), (250, 256)):
     eng = _engine(params, rule, max_len=want)
     assert (eng.cache_len, eng.max_len) == (cache, cache - 1)
   eng = _engine(params, rule, max_len=200)

@@ -290,10 +290,9 @@ class Engine:
     cfg: model config.
     params: model parameters (any layout; resharded onto the engine's).
     slots: number of rows (rounded up to a multiple of the batch shards).
-    max_len: tokens one row may hold, rounded up: to a multiple of 16, the
-      cache (`cache_len` entries per row) then to the next multiple of 16 above
-      it; past 255, max_len + 1 to a multiple of 256, which is the cache, and a
-      row may hold all of it but one spare entry.
+    max_len: tokens one row may hold, rounded up (`self.max_len`): up to 240 to
+      a multiple of 16, with a cache (`cache_len` entries per row) 16 longer;
+      beyond, so that max_len + 1 is a multiple of 256, the cache.
     rule: sampling rule (static: a new rule compiles new decode programs).
     mesh, rules: optional mesh and logical-axis rule set; without them the
       engine runs on the default device.
@@ -367,16 +366,16 @@ class Engine:
                        else "batch_major")
     self.feature_major = decode_layout == "feature_major"
     # One spare entry: a row that does not emit in a decode step writes there.
-    # Up to one decode-attention block, max_len and then the cache round up to
-    # multiples of 16; past it, max_len + 1 rounds up to a multiple of the block
-    # and a row may hold every entry but the spare (576 -> 768 entries, not 1,024).
-    if max_len + 1 > DECODE_BLOCK:
-      self.cache_len = -(-(int(max_len) + 1) // DECODE_BLOCK) * DECODE_BLOCK
+    # Within one decode-attention block, max_len rounds up to a multiple of 16 and
+    # the cache holds 16 more; past it, the cache is max_len + 1 rounded up to a
+    # multiple of the block, all of it but the spare for the row (576 -> 768).
+    up = lambda n, m: -(-int(n) // m) * m
+    if up(max_len, 16) + 1 > DECODE_BLOCK:
+      self.cache_len = up(max_len + 1, DECODE_BLOCK)
       self.max_len = self.cache_len - 1
     else:
-      self.max_len = -(-int(max_len) // 16) * 16
-      step = DECODE_BLOCK if self.max_len + 1 > DECODE_BLOCK else 16
-      self.cache_len = -(-(self.max_len + 1) // step) * step
+      self.max_len = up(max_len, 16)
+      self.cache_len = self.max_len + 16
     self.cache_dtype = cache_dtype or cfg.compute_dtype
     self.lengths = np.zeros(self.slots, np.int64)  # host copy of state.lengths
     # Extends run the model on the rows that take tokens only (a gather and a

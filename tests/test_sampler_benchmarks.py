@@ -66,7 +66,8 @@ def test_rollout_benchmark_schedules_agree():
   rows = [l for l in out.splitlines() if l.startswith("tiny ")]
   assert [("5 ms steps" in l, "20 ms steps" in l) for l in rows] == [(True, False),
                                                                       (False, True)]
-  assert all("same transcripts True" in l and "speed-up" in l for l in rows)
+  assert all("same transcripts True (ids True, max |d log-prob|" in l and "speed-up" in l
+             for l in rows)
   assert sum(l.strip().startswith("2 cohorts:") for l in out.splitlines()) == 2
   split = [l for l in out.splitlines() if "decode" in l and "steps" in l]
   assert len(split) == 2 and all(" 0 calls" not in l for l in split)

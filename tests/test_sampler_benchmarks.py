@@ -21,9 +21,11 @@ def _run(module: str, *args: str, **env: str) -> str:
 @pytest.mark.slow
 def test_gpu_decode_smoke_writes_json(tmp_path):
   _run("gpu_decode", "--smoke", "--repeats=1", OUT=str(tmp_path))
-  result = json.loads((tmp_path / "gpu_decode.json").read_text())
-  assert result["smoke"] and result["decode_tokens_per_s"] > 0
-  assert result["achieved_bandwidth_gb_s"] > 0 and result["cache_len"] >= 32
+  rows = json.loads((tmp_path / "gpu_decode.json").read_text())
+  assert [r["decode_attention"] for r in rows] == ["auto", "whole"]
+  for r in rows:
+    assert r["smoke"] and r["decode_tokens_per_s"] > 0 and r["same_tokens_as_first"]
+    assert r["achieved_bandwidth_gb_s"] > 0 and r["cache_len"] >= 32
 
 
 @pytest.mark.slow

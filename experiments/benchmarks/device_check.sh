@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Every accelerator measurement on one GPU, each step's output under $OUT. On an H200
-# (2026-12-04) mfu took 64 s, decode 48 s, rollout_tiny about 3 minutes and rollout_50m more
+# (2026-12-04) mfu took 64 s, decode 48 s (one kernel then; two now), rollout_tiny about 3
+# minutes and rollout_50m more
 # than 5 (mostly XLA compiles of the overlapped schedule's shapes): all four do not fit one
 # 10-minute command, so name the steps a call runs (default: all of them):
 #   device.txt        the GPU, driver and JAX devices
 #   mfu.log,          train-step MFU, bf16, random Qwen3-0.6B and 1.7B shapes
 #   gpu_mfu.json      (gpu_mfu.py)
-#   decode.log,       decode tokens/s and achieved memory bandwidth, 1.7B shape
+#   decode.log,       decode tokens/s and achieved memory bandwidth, 1.7B shape, decode
+#                     attention "auto" (block walk) and "whole" (two dots a layer)
 #   gpu_decode.json   (gpu_decode.py)
 #   rollout_tiny.log  a play phase lock step vs overlapped, and design ahead, tiny model
 #   rollout_50m.log   the same on the 50M model, 2 rounds (rollout.py --platform=: JAX's
@@ -56,7 +58,7 @@ if ((smoke)); then
     --nosplit
 else
   step mfu 120 "$PY" experiments/benchmarks/gpu_mfu.py --out="$OUT"
-  step decode 90 "$PY" -m experiments.benchmarks.gpu_decode --out="$OUT"
+  step decode 150 "$PY" -m experiments.benchmarks.gpu_decode --out="$OUT"
   step rollout_tiny 240 "$PY" -m experiments.benchmarks.rollout --platform= --models=tiny \
     --repeats=3
   step rollout_50m 540 "$PY" -m experiments.benchmarks.rollout --platform= --models=50m \

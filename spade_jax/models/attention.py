@@ -449,6 +449,16 @@ def blocks_decode_attention(q, k, v, mask, live_len):
                           dot_scores=not _on_cpu())
 
 
+@DECODE_ATTENTION.register("whole")
+def whole_decode_attention(q, k, v, mask, live_len):
+  """The whole cache every step, no block loop: two dots per layer on an
+  accelerator (sum-of-products scores on CPU), reading past the live prefix.
+  Meant for accelerators, where one large product can beat a loop of small
+  ones even though it reads the dead tail of the cache."""
+  return decode_attention(q, k, v, mask, live_len, read_whole=True,
+                          dot_scores=not _on_cpu())
+
+
 @DECODE_ATTENTION.register("dot")
 def dot_decode_attention(q, k, v, mask, live_len):
   """As "auto", but a whole read's scores are one dot product on every backend

@@ -84,7 +84,7 @@ def test_unknown_kernel_names_fail_at_config_construction():
                      r"Set model\.attention"):
     ModelConfig(attention="flash")
   with pytest.raises(ValueError, match=r"Unknown decode attention implementation 'paged'; "
-                     r"expected one of \['auto', 'blocks', 'dot'\]"):
+                     r"expected one of \['auto', 'blocks', 'dot', 'whole'\]"):
     dataclasses.replace(CFG, decode_attention="paged")
   with pytest.raises(ValueError, match=r"Unknown remat policy 'some'"):
     ModelConfig(remat="some")

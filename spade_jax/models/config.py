@@ -69,7 +69,8 @@ class ModelConfig:
       `attention.DECODE_ATTENTION`: "auto" (on CPU small caches read whole
       with sum-of-products scores, larger ones walked block by block;
       elsewhere the block walk), "blocks" (the block walk for every cache
-      longer than one block) or "dot" (as "auto" with dot-product scores).
+      longer than one block), "dot" (as "auto" with dot-product scores) or
+      "whole" (the whole cache every step, no block loop).
   """
 
   vocab_size: int = 259

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every accelerator measurement on one GPU, each step's output under $OUT. On an H200
-# (2026-12-04) mfu took 64 s, decode 48 s (one kernel then; two now), rollout_tiny about 3
-# minutes and rollout_50m more
-# than 5 (mostly XLA compiles of the overlapped schedule's shapes): all four do not fit one
-# 10-minute command, so name the steps a call runs (default: all of them):
+# (2026-12-04) mfu took 64 s, decode 48 s (one kernel then; two now), rollout_tiny about
+# 3 minutes and rollout_50m more than 5 (mostly XLA compiles of the overlapped schedule's
+# shapes): all four do not fit one 10-minute command, so name the steps a call runs
+# (default: all of them):
 #   device.txt        the GPU, driver and JAX devices
 #   mfu.log,          train-step MFU, bf16, random Qwen3-0.6B and 1.7B shapes
 #   gpu_mfu.json      (gpu_mfu.py)

@@ -86,6 +86,7 @@ def main(argv):
     prefill, decode, eng, tokens = sorted(rounds, key=lambda r: r[1])[len(rounds) // 2]
     first_tokens = tokens if first_tokens is None else first_tokens
     cache_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(eng.state.cache))
+    # Decode step i reads the blocks before the longest row's end ptr0 + i + 1.
     blk = eng.cache_len if name == "whole" else live_block(eng.cache_len)
     ptr0 = int(eng.lengths.max()) - new
     read = np.mean([-(-(ptr0 + i + 1) // blk) * blk for i in range(new)]) / eng.cache_len

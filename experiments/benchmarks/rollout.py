@@ -13,8 +13,8 @@ overlapped one steps an episode's env as soon as its turn ends, in a worker thre
 the engine decodes the others. Rounds alternate between the two
 schedules; the script prints min/median seconds of each, the speed-up, and whether both
 produced the same transcripts (tokens, outcomes, log-probs within 1e-4) on every round, with
-the ids and the largest log-prob gap shown apart (on a GPU, f32 matmuls in other shapes round
-differently, so log-probs can drift while the ids hold).
+the ids and the largest log-prob gap shown apart (on a GPU, products in other shapes can
+round differently, so log-probs can drift while the ids hold).
 Each step time gets one untimed round of each schedule first. The overlapped schedule's
 extend and decode shapes depend on when env steps return, so a timed round can still meet
 a shape not compiled yet: the rows count the XLA compilations inside timed rounds

@@ -319,6 +319,12 @@ def test_arm_configs_differ_only_where_the_arm_says(tmp_path, monkeypatch):
                    "static": {"selfplay.env_source", "static_pool.path"}}
   # The same agent-play budget in every arm.
   assert base["selfplay.plays"] * base["selfplay.num_envs"] == 32
+  # No arm shows a negative example: a prompt with one shows two programs, over the
+  # 1,024-token designer prompt budget; exemplars still show.
+  from spade_jax.designer import EnvMemory, MemoryConfig
+  assert base["memory.negatives"] is False and base["memory.num_exemplars"] == 1
+  mem = EnvMemory(MemoryConfig(**config.get_config("arm=spade").memory.to_dict()))
+  assert mem.config.negatives is False  # the config section builds the memory it names
   with pytest.raises(ValueError, match="Unknown arm"):
     config.get_config("arm=nope")
 

@@ -165,6 +165,7 @@ def test_defaults_are_the_reference():
       (200, "oldest", 0.15, 0.85, 2)
   assert (c.top_per_exemplar, c.top_min, c.negative_hi, c.negative_lo) == (3, 10, 0.9, 0.1)
   assert c.invalid_negatives  # The one departure, with its switch back.
+  assert c.negatives  # One negative per prompt, as the reference shows.
   with pytest.raises(ValueError, match="eviction"):
     MemoryConfig(eviction="random")
   with pytest.raises(ValueError, match="negative_lo"):
@@ -255,6 +256,12 @@ def test_negative_thresholds():
   off = EnvMemory(MemoryConfig(no_memory=True), records=list(mem))
   assert off.exemplars("logical deduction") == [] and off.negative("logical deduction") is None
   assert len(off) == len(mem)
+  # negatives=False: exemplars as before, never a negative, every record kept.
+  quiet = EnvMemory(MemoryConfig(negatives=False), records=list(mem))
+  assert all(quiet.negative("logical deduction", seed=s) is None for s in range(10))
+  assert quiet.exemplars("logical deduction", seed=3) == mem.exemplars("logical deduction",
+                                                                      seed=3)
+  assert len(quiet) == len(mem)
 
 
 def test_version_1_files_load_and_unknown_versions_fail():

@@ -86,7 +86,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       designer_thinking=False, agent_thinking=False)
   c.rewards = dict(variant="blend", credit_window=1, invalid_penalty=-1.0)
   c.corpus = dict(source="embedded", max_words=400)
-  c.memory = dict(capacity=200, num_exemplars=common.NUM_EXEMPLARS)
+  # No negative example: with it a prompt shows two programs, which do not fit the 1,024-token
+  # budget even with every method body elided (the warm start's designer rows show none).
+  c.memory = dict(capacity=200, num_exemplars=common.NUM_EXEMPLARS, negatives=False)
   c.sandbox = dict(num_workers=4)
   c.validation = dict(random_episodes=2, random_steps=3)
   c.static_pool = dict(path="", key="", validate=True)

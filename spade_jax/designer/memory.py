@@ -62,6 +62,8 @@ class MemoryConfig:
       stored nor shown).
     invalid_capacity: most invalid records kept (first in, first out), on top of
       ``capacity``.
+    negatives: show one negative example per prompt (the reference). False shows none
+      (records are still kept), for a prompt budget too small for a second program.
     no_memory: ablation switch; retrieval returns nothing (records are still kept).
   """
   capacity: int = 200
@@ -75,6 +77,7 @@ class MemoryConfig:
   negative_lo: float = 0.1
   invalid_negatives: bool = True
   invalid_capacity: int = 64
+  negatives: bool = True
   no_memory: bool = False
 
   def __post_init__(self):
@@ -435,9 +438,10 @@ class EnvMemory:
 
     Returns:
       A copy of the record with ``reason`` set to why it is a negative (see
-      :meth:`negative_reason`), or None (always None when ``config.no_memory``).
+      :meth:`negative_reason`), or None (always None when ``config.no_memory`` or not
+      ``config.negatives``).
     """
-    if self.config.no_memory:
+    if self.config.no_memory or not self.config.negatives:
       return None
     pool = [r for r in self._records.values()
             if (skill is None or r.skill == skill) and (setting is None or r.setting == setting)

@@ -8,7 +8,6 @@ from spade_jax.envs.families import FAMILIES, HELD_OUT, by_skill, seen_families
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
-RUNS = os.path.join(HERE, "runs")  # run workdirs (not committed; results/ is)
 # The staged warm start's finished stages (weights, tokenizer, records), committed so a
 # build goes on from any checkout (``warm_start --store``).
 STORE = os.path.join(HERE, "stages")
@@ -96,6 +95,12 @@ def swap_in(tmp: str, dst: str) -> None:
     os.rename(tmp, dst)
 
 
+def runs_dir() -> str:
+  """Where the arm runs' workdirs live (``<arm>-<seed>``; not committed, results/ is): in
+  the cache beside the warm start, so a fresh checkout on the same machine resumes them."""
+  return os.path.join(cache_dir(), "runs")
+
+
 def warm_start_dir(smoke: bool = False) -> str:
   """The warm-start build directory (``hf/`` holds the checkpoint runs start from)."""
   return os.path.join(cache_dir(), "warm_start_smoke" if smoke else "warm_start")
@@ -128,6 +133,7 @@ def warm_start_hf(path: str) -> str:
 
 
 __all__ = ["AGENT_TURN_TOKENS", "ARMS", "DESIGNER_PROMPT_TOKENS", "HELD_OUT", "MAX_TURNS",
-           "MODEL", "NUM_EXEMPLARS", "RESULTS", "RUN_STORE", "RUNS", "SEEDS", "STORE", "SETTING", "SMOKE_MODEL", "VOCAB_SIZE",
-           "cache_dir", "load_start", "max_family_turns", "seen", "skills", "swap_in", "warm_start_dir",
-           "warm_start_hf", "weights_digest", "write_hf"]
+           "MODEL", "NUM_EXEMPLARS", "RESULTS", "RUN_STORE", "SEEDS", "STORE", "SETTING",
+           "SMOKE_MODEL", "VOCAB_SIZE", "cache_dir", "load_start", "max_family_turns",
+           "runs_dir", "seen", "skills", "swap_in", "warm_start_dir", "warm_start_hf",
+           "weights_digest", "write_hf"]

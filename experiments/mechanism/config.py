@@ -2,7 +2,7 @@ r"""One arm of the mechanism experiment, as a training config.
 
   python -m experiments.mechanism.run --arm=spade --seed=0          # builds what it needs
   python -m launch.train --config=experiments/mechanism/config.py:arm=spade,seed=0 \
-      --workdir=experiments/mechanism/runs/spade-0                 # the same run by hand
+      --workdir=$SPADE_JAX_CACHE/mechanism/runs/spade-0             # the same run by hand
 
 Arms (``arm=``), all from the same warm start (``warm_start.py``) with the same agent-play
 budget per iteration (``NUM_ENVS`` x ``PLAYS`` unhinted plays, the same iterations):

@@ -6,9 +6,10 @@ r"""Runs one arm x seed of the mechanism experiment, resumably, and writes its r
   python -m experiments.mechanism.run --publish  # store unfinished runs for another checkout
 
 Builds the warm start first if the cache lacks it (``warm_start.py``), runs the arm's config
-(``config.py``) in ``runs/<arm>-<seed>`` (a rerun resumes from the last checkpoint), then
-writes ``results/<arm>-<seed>.json`` (``report.collect``: the per-iteration series the
-report reads). ``python -m experiments.mechanism.report`` turns every results file into the
+(``config.py``) in ``$SPADE_JAX_CACHE/mechanism/runs/<arm>-<seed>`` (a rerun resumes from the
+last checkpoint; the cache outlives a fresh checkout on the same machine), then writes
+``results/<arm>-<seed>.json`` (``report.collect``: the per-iteration series the report
+reads). ``python -m experiments.mechanism.report`` turns every results file into the
 table and plots.
 """
 
@@ -37,7 +38,7 @@ def run(arm: str, seed: int, *, smoke: bool = False, workdir: str = "",
   if arm not in common.ARMS:
     raise ValueError(f"--arm={arm!r}; expected one of {list(common.ARMS)}.")
   name = f"{arm}-{seed}" + ("-smoke" if smoke else "")
-  workdir = workdir or os.path.join(common.RUNS, name)
+  workdir = workdir or os.path.join(common.runs_dir(), name)
   if start:
     common.warm_start_hf(start)  # a bad path raises before anything runs
   else:
@@ -102,7 +103,7 @@ def publish(arm: str, seed: int, *, smoke: bool = False, workdir: str = "",
   if not store:
     raise ValueError("publishing needs a store directory (--store).")
   name = f"{arm}-{seed}" + ("-smoke" if smoke else "")
-  workdir = workdir or os.path.join(common.RUNS, name)
+  workdir = workdir or os.path.join(common.runs_dir(), name)
   marker = os.path.join(workdir, "warm_start.txt")
   if not os.path.isfile(marker):  # never started here
     return os.path.join(store, name) if run_store.read(os.path.join(store, name)) else None
@@ -163,8 +164,8 @@ def main(argv):
     return
   if _ALL.value:
     if _WORKDIR.value or _ARM.present or _SEED.present:
-      raise app.UsageError("--all runs every arm and seed in runs/<arm>-<seed>; drop --arm, "
-                           "--seed and --workdir.")
+      raise app.UsageError("--all runs every arm and seed in the cache's runs/<arm>-<seed>; "
+                           "drop --arm, --seed and --workdir.")
     run_all(smoke=_SMOKE.value, results=_RESULTS.value, start=_START.value,
             store=_STORE.value)
     return
@@ -185,13 +186,15 @@ def _define_flags() -> None:
   _ARM = flags.DEFINE_string("arm", "spade", "spade | static | solve_rate | frozen_designer.")
   _SEED = flags.DEFINE_integer("seed", 0, "Run seed.")
   _SMOKE = flags.DEFINE_bool("smoke", False, "A two-iteration run of a tiny model.")
-  _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (default runs/<arm>-<seed>).")
+  _WORKDIR = flags.DEFINE_string("workdir", "", "Run directory (default "
+                                 "$SPADE_JAX_CACHE/mechanism/runs/<arm>-<seed>).")
   _START = flags.DEFINE_string("warm_start", "", "The warm start the arm begins from: a "
                                "build directory holding hf/, or an HF directory (default: "
                                "the cache's, built first when missing).")
-  _PUBLISH = flags.DEFINE_bool("publish", False, "Store the runs under runs/ (or --arm and "
-                               "--seed's) as far as they went in --store, for another "
-                               "checkout to go on from; finished runs' copies are removed.")
+  _PUBLISH = flags.DEFINE_bool("publish", False, "Store the runs under the cache's runs/ "
+                               "(or --arm and --seed's) as far as they went in --store, for "
+                               "another checkout to go on from; finished runs' copies are "
+                               "removed.")
   _STORE = flags.DEFINE_string("store", None, "Stored runs (default the project's "
                                "stored_runs/, none for --smoke; '' for none).")
   _RESULTS = flags.DEFINE_string("results", "", "Results directory (default results/, or the "

@@ -1,8 +1,8 @@
 """Arm runs stored as they go, so a run longer than one sitting goes on from any checkout.
 
 ``python -m experiments.mechanism.run --publish`` copies every run under the cache's
-``runs/`` that has not finished to ``stored_runs/<arm>-<seed>/`` (committed with the project): its
-latest checkpoint (the train state with AdamW's moments cast to bfloat16, the regret
+``runs/`` that has not finished to ``stored_runs/<arm>-<seed>/`` (committed with the
+project): its latest checkpoint (the train state with AdamW's moments cast to bfloat16, the regret
 buffer, the host state), its metrics and designer records, its environment memory, and a
 ``run.json`` naming the arm, seed, iteration, the warm start's SHA-256 and the run's
 config. ``run`` on a checkout whose run directory is empty takes the stored copy and

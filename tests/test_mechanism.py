@@ -543,6 +543,24 @@ def test_report_table_is_computed_from_the_results(tmp_path):
   readme = (tmp_path / "README.md").read_text()
   assert "old" not in readme and "| spade | 3 |" in readme and readme.endswith("y\n")
   assert (tmp_path / "eval_families_held_out_success.png").is_file()
+  # The warm start's evaluation adds its row (success columns only) and must share the
+  # runs' weights.
+  base = {"iteration": 0, "warm_start": {"path": "/x", "sha256": "c" * 64},
+          "eval": {"eval/families/held_out/success": 0.125,
+                   "eval/families/harder/success": 0.25}}
+  (tmp_path / "warm_start_eval.json").write_text(json.dumps(base))
+  s = report.report(str(tmp_path), readme=str(tmp_path / "README.md"))
+  assert s["warm start"]["held_out"]["mean"] == 0.125 and s["warm start"]["valid_rate"]["n"] == 0
+  assert "| warm start (no self-play) | - | 0 | 0.125 | 0.250 | n/a |" in (
+      tmp_path / "table.md").read_text()
+  for seed in range(3):
+    r = result("spade", seed, 0.5)
+    r["warm_start"] = {"path": "/x", "sha256": "d" * 64}
+    with open(tmp_path / f"spade-{seed}.json", "w") as f:
+      json.dump(r, f)
+  with pytest.raises(ValueError, match="evaluated other weights"):
+    report.report(str(tmp_path))
+  (tmp_path / "warm_start_eval.json").unlink()
   # Runs that began from different warm starts are not compared.
   for seed, digest in ((0, "a" * 64), (1, "b" * 64)):
     r = result("spade", seed, 0.5)
@@ -644,6 +662,15 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   assert len(out["series"]["rewards/win_rate_band_frac"]) == 2
   assert out["warm_start"] == {"path": os.path.abspath(os.path.join(ws, "hf")),
                                "sha256": common.weights_digest(os.path.join(ws, "hf"))}
+  # The warm start's own evaluation equals an arm's at iteration 0: the same suite, the
+  # same fixed seeds, greedy, every eval key the run logs.
+  from experiments.mechanism import baseline
+  base = json.load(open(baseline.evaluate(smoke=True, results=str(tmp_path / "base"))))
+  assert base["warm_start"] == out["warm_start"] and base["iteration"] == 0
+  logged = {k for k in json.loads(open(tmp_path / "run" / "metrics.jsonl").readline())
+            if k.startswith("eval/") and not k.startswith("eval/time")}
+  assert logged and logged <= set(base["eval"])
+  assert 0.0 <= base["eval"]["eval/families/held_out/success"] <= 1.0
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
   (elsewhere / "config.json").write_text("{}")

@@ -14,6 +14,10 @@ and 95% confidence interval (Student t, n - 1 degrees of freedom):
   rate lies in [0.4, 0.6], over all iterations;
 * regret trend: the least-squares slope of ``rewards/regret_mean`` over iterations (per 10
   iterations).
+
+With ``warm_start_eval.json`` (``baseline.py``: the same evaluation of the shared starting
+weights) the table gains a ``warm start`` row, its two success columns measured at
+iteration 0, and the evaluation plots a dashed line at that level.
 """
 
 from __future__ import annotations
@@ -107,12 +111,27 @@ def summarize(results: list[dict]) -> dict:
   return out
 
 
-def table(summary: dict) -> str:
-  """The summary as a markdown table."""
+def baseline_row(base: dict) -> dict:
+  """The warm start's row: its iteration-0 evaluation in the success columns."""
+  ev = base["eval"]
+  cell = lambda k: ({"mean": ev[k], "ci95": float("nan"), "n": 1} if k in ev
+                    else {"mean": float("nan"), "ci95": float("nan"), "n": 0})
+  row = {key: {"mean": float("nan"), "ci95": float("nan"), "n": 0} for key, _ in COLUMNS}
+  row.update(seeds=[], iterations=[0], held_out=cell("eval/families/held_out/success"),
+             harder=cell("eval/families/harder/success"))
+  return row
+
+
+def table(summary: dict, base: dict | None = None) -> str:
+  """The summary as a markdown table (with ``base``: the warm start's row first)."""
   fmt = lambda c: ("n/a" if c["n"] == 0 else f"{c['mean']:.3f}" if math.isnan(c["ci95"])
                    else f"{c['mean']:.3f} ± {c['ci95']:.3f}")
   head = "| arm | seeds | iterations | " + " | ".join(t for _, t in COLUMNS) + " |"
   lines = [head, "|" + "---|" * (len(COLUMNS) + 3)]
+  if base is not None:
+    row = baseline_row(base)
+    lines.append("| warm start (no self-play) | - | 0 | "
+                 + " | ".join(fmt(row[k]) for k, _ in COLUMNS) + " |")
   for arm, row in summary.items():
     lines.append(f"| {arm} | {len(row['seeds'])} | {min(row['iterations'])}"
                  f"-{max(row['iterations'])} | "
@@ -120,8 +139,9 @@ def table(summary: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def plots(results: list[dict], out_dir: str) -> list[str]:
-  """Per series, each arm's mean over seeds against iteration (one PNG per series)."""
+def plots(results: list[dict], out_dir: str, base: dict | None = None) -> list[str]:
+  """Per series, each arm's mean over seeds against iteration (one PNG per series; with
+  ``base``, the warm start's evaluation as a dashed line)."""
   import matplotlib  # pylint: disable=g-import-not-at-top
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
@@ -143,6 +163,9 @@ def plots(results: list[dict], out_dir: str) -> list[str]:
     if not drawn:
       plt.close(fig)
       continue
+    if base is not None and key in base["eval"]:
+      ax.axhline(base["eval"][key], color="black", linestyle="--", linewidth=1,
+                 label="warm start")
     ax.set_title(key + " (mean over seeds)")
     ax.set_xlabel("iteration")
     ax.grid(alpha=0.3)
@@ -166,6 +189,15 @@ def load(results_dir: str) -> list[dict]:
     with open(path) as f:
       out.append(json.load(f))
   return out
+
+
+def load_baseline(results_dir: str) -> dict | None:
+  """``warm_start_eval.json`` (``baseline.py``) under ``results_dir``, or None."""
+  path = os.path.join(results_dir, "warm_start_eval.json")
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
 
 
 def write_readme_table(readme: str, text: str) -> bool:
@@ -197,13 +229,20 @@ def report(results_dir: str, readme: str | None = None) -> dict:
                      "so the arms are not comparable: " + "; ".join(
                          f"{d[:12]}: {', '.join(runs)}" for d, runs in starts.items()) +
                      ". Rerun the odd ones from the same --warm_start or move them aside.")
+  base = load_baseline(results_dir)
+  if base is not None and starts and base["warm_start"]["sha256"] not in starts:
+    raise ValueError(f"{results_dir}/warm_start_eval.json evaluated other weights "
+                     f"({base['warm_start']['sha256'][:12]}) than the runs began from; rerun "
+                     "`python -m experiments.mechanism.baseline` or move it aside.")
   summary = summarize(results)
-  text = table(summary)
+  if base is not None:
+    summary["warm start"] = baseline_row(base)
+  text = table({k: v for k, v in summary.items() if k != "warm start"}, base)
   with open(os.path.join(results_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   with open(os.path.join(results_dir, "table.md"), "w") as f:
     f.write(text)
-  plots(results, results_dir)
+  plots(results, results_dir, base)
   if readme:
     write_readme_table(readme, text)
   return summary

@@ -561,6 +561,28 @@ def test_report_table_is_computed_from_the_results(tmp_path):
   with pytest.raises(ValueError, match="evaluated other weights"):
     report.report(str(tmp_path))
   (tmp_path / "warm_start_eval.json").unlink()
+  # The final checkpoints' evaluation: per arm over seeds, and the change from the start.
+  final = {"limit": 16, "warm_start": {"path": "/x", "sha256": "d" * 64},
+           "eval": {"eval/families/held_out/success": 0.0,
+                    "eval/families/harder/success": 0.25},
+           "runs": {f"spade-{i}": {"arm": "spade", "seed": i, "step": 3, "eval": {
+               "eval/families/held_out/success": 0.0,
+               "eval/families/harder/success": h}} for i, h in enumerate((0.25, 0.3, 0.35))}}
+  (tmp_path / "final_eval_4.json").write_text(json.dumps(dict(final, limit=4, runs={})))
+  (tmp_path / "final_eval_16.json").write_text(json.dumps(final))
+  s = report.report(str(tmp_path), readme=str(tmp_path / "README.md"))
+  row = s["final"]["arms"]["spade"]["eval/families/harder/success"]
+  assert s["final"]["limit"] == 16 and row["mean"] == pytest.approx(0.3)
+  assert row["change"] == pytest.approx(0.05) and row["n"] == 3
+  assert row["ci95"] == pytest.approx(4.303 * 0.05 / math.sqrt(3))
+  assert "| spade | 3 | 3 | 0.000 ± 0.000 | +0.000 | 0.300 ± 0.124 | +0.050 |" in (
+      tmp_path / "final_table.md").read_text()
+  (tmp_path / "final_eval_16.json").write_text(json.dumps(dict(
+      final, warm_start={"path": "/x", "sha256": "e" * 64})))
+  with pytest.raises(ValueError, match="another warm start"):
+    report.report(str(tmp_path))
+  for name in ("final_eval_16.json", "final_eval_4.json"):
+    (tmp_path / name).unlink()
   # Runs that began from different warm starts are not compared.
   for seed, digest in ((0, "a" * 64), (1, "b" * 64)):
     r = result("spade", seed, 0.5)
@@ -671,6 +693,19 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
             if k.startswith("eval/") and not k.startswith("eval/time")}
   assert logged and logged <= set(base["eval"])
   assert 0.0 <= base["eval"]["eval/families/held_out/success"] <= 1.0
+  # The final evaluation at the arms' seed count reproduces both: the warm start's scores,
+  # and the run's last logged evaluation from its last checkpoint's weights.
+  from experiments.mechanism import final_eval
+  fpath = final_eval.evaluate_runs(limit=1, runs={"static-0": str(tmp_path / "run")},
+                                   smoke=True, results=str(tmp_path / "base"))
+  fin = json.load(open(fpath))
+  assert fin["eval"] == base["eval"]
+  last = json.loads(open(tmp_path / "run" / "metrics.jsonl").read().splitlines()[-1])
+  assert fin["runs"]["static-0"]["step"] == 2
+  assert fin["runs"]["static-0"]["eval"] == {k: last[k] for k in fin["runs"]["static-0"]["eval"]}
+  assert final_eval.evaluate_runs(limit=1, runs={"static-0": str(tmp_path / "run")},
+                                  smoke=True, results=str(tmp_path / "base")) == fpath
+  assert json.load(open(fpath)) == fin  # nothing new: left as it was
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
   (elsewhere / "config.json").write_text("{}")

@@ -15,6 +15,11 @@ and 95% confidence interval (Student t, n - 1 degrees of freedom):
 * regret trend: the least-squares slope of ``rewards/regret_mean`` over iterations (per 10
   iterations).
 
+With ``final_eval_<N>.json`` (``final_eval.py``: each finished run's last checkpoint and
+the warm start on N seeds per family and level; the largest N present) a second table gives
+held-out and harder-range success of the final weights per arm, mean and 95% CI over seeds,
+and each arm's mean change from the warm start.
+
 With ``warm_start_eval.json`` (``baseline.py``: the same evaluation of the shared starting
 weights) the table gains a ``warm start`` row, its two success columns measured at
 iteration 0, and the evaluation plots a dashed line at that level.
@@ -139,6 +144,60 @@ def table(summary: dict, base: dict | None = None) -> str:
   return "\n".join(lines) + "\n"
 
 
+FINAL = (("eval/families/held_out/success", "held-out"),
+         ("eval/families/harder/success", "harder-range"))
+
+
+def final_summary(final: dict) -> dict:
+  """Arm -> {seeds, step, per metric: mean/ci95/n over seeds and the change from the warm
+  start}, plus the warm start's own scores, from a ``final_eval_<N>.json``."""
+  by_arm = collections.defaultdict(list)
+  for r in final["runs"].values():
+    by_arm[r["arm"]].append(r)
+  out = {"limit": final["limit"],
+         "warm start": {k: final.get("eval", {}).get(k) for k, _ in FINAL}, "arms": {}}
+  for arm, rs in sorted(by_arm.items()):
+    row = {"seeds": sorted(r["seed"] for r in rs), "steps": sorted({r["step"] for r in rs})}
+    for k, _ in FINAL:
+      m, ci, n = mean_ci([r["eval"].get(k) for r in rs])
+      base = out["warm start"][k]
+      row[k] = {"mean": m, "ci95": ci, "n": n,
+                "change": None if base is None or not n else m - base}
+    out["arms"][arm] = row
+  return out
+
+
+def final_table(fs: dict) -> str:
+  """``final_summary`` as a markdown table."""
+  fmt = lambda c: ("n/a" if c["n"] == 0 else f"{c['mean']:.3f}" if math.isnan(c["ci95"])
+                   else f"{c['mean']:.3f} ± {c['ci95']:.3f}")
+  cells = lambda v: "n/a" if v is None else f"{v:.3f}"
+  head = ("| arm | seeds | step | " + " | ".join(
+      f"{t} success | {t} change" for _, t in FINAL) + " |")
+  lines = [head, "|" + "---|" * (3 + 2 * len(FINAL))]
+  lines.append("| warm start | - | 0 | " + " | ".join(
+      f"{cells(fs['warm start'][k])} | -" for k, _ in FINAL) + " |")
+  for arm, row in fs["arms"].items():
+    steps = "/".join(map(str, row["steps"]))
+    lines.append(f"| {arm} | {len(row['seeds'])} | {steps} | " + " | ".join(
+        f"{fmt(row[k])} | " + ("n/a" if row[k]["change"] is None
+                               else f"{row[k]['change']:+.3f}") for k, _ in FINAL) + " |")
+  return "\n".join(lines) + "\n"
+
+
+def load_final(results_dir: str) -> dict | None:
+  """The ``final_eval_<N>.json`` with the largest N under ``results_dir``, or None."""
+  found = []
+  for path in glob.glob(os.path.join(results_dir, "final_eval_*.json")):
+    m = re.fullmatch(r"final_eval_(\d+)\.json", os.path.basename(path))
+    if m:
+      found.append((int(m.group(1)), path))
+  if not found:
+    return None
+  with open(max(found)[1]) as f:
+    return json.load(f)
+
+
 def plots(results: list[dict], out_dir: str, base: dict | None = None) -> list[str]:
   """Per series, each arm's mean over seeds against iteration (one PNG per series; with
   ``base``, the warm start's evaluation as a dashed line)."""
@@ -200,12 +259,13 @@ def load_baseline(results_dir: str) -> dict | None:
     return json.load(f)
 
 
-def write_readme_table(readme: str, text: str) -> bool:
-  """Replaces what lies between ``<!-- table -->`` and ``<!-- /table -->`` in ``readme``."""
+def write_readme_table(readme: str, text: str, marker: str = "table") -> bool:
+  """Replaces what lies between ``<!-- table -->`` and ``<!-- /table -->`` (``marker``) in
+  ``readme``."""
   if not os.path.isfile(readme):
     return False
   doc = open(readme).read()
-  a, b = "<!-- table -->", "<!-- /table -->"
+  a, b = f"<!-- {marker} -->", f"<!-- /{marker} -->"
   if a not in doc or b not in doc:
     return False
   new = doc[:doc.index(a) + len(a)] + "\n" + text + doc[doc.index(b):]
@@ -238,13 +298,23 @@ def report(results_dir: str, readme: str | None = None) -> dict:
   if base is not None:
     summary["warm start"] = baseline_row(base)
   text = table({k: v for k, v in summary.items() if k != "warm start"}, base)
-  with open(os.path.join(results_dir, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=1)
   with open(os.path.join(results_dir, "table.md"), "w") as f:
     f.write(text)
+  final = load_final(results_dir)
+  if final is not None:
+    if starts and final["warm_start"]["sha256"] not in starts:
+      raise ValueError(f"{results_dir}: final_eval_{final['limit']}.json evaluated runs from "
+                       "another warm start than the results'; move it aside.")
+    summary["final"] = final_summary(final)
+    with open(os.path.join(results_dir, "final_table.md"), "w") as f:
+      f.write(final_table(summary["final"]))
+  with open(os.path.join(results_dir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=1)
   plots(results, results_dir, base)
   if readme:
     write_readme_table(readme, text)
+    if final is not None:
+      write_readme_table(readme, final_table(summary["final"]), "final")
   return summary
 
 

@@ -1,0 +1,144 @@
+r"""Each finished run's last weights and the warm start, evaluated on more seeds.
+
+  python -m experiments.mechanism.final_eval [--limit=16]
+
+The arms evaluate every ``EVAL_EVERY`` iterations on ``EVAL_SEEDS`` (4) fixed seeds per
+family and level: 80 harder-range and 20 held-out episodes, so one episode moves a success
+rate by 0.0125 or 0.05. This runs the same ``families`` suite (greedy, fixed seeds, the
+loop's ``evaluate_policy``) with ``--limit`` seeds per family and level on the warm start
+and on the latest checkpoint of every finished run in ``$SPADE_JAX_CACHE/mechanism/runs``,
+and writes ``results/final_eval_<limit>.json``. It is resumable: a run already in the file
+at the same step is not evaluated again, and the file is rewritten after each run.
+``report.py`` turns it into the "final checkpoints" table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+
+from absl import app
+from absl import flags
+
+FINAL_SEEDS = 16
+
+
+def path_for(results_dir: str, limit: int) -> str:
+  return os.path.join(results_dir, f"final_eval_{limit}.json")
+
+
+def finished_runs(results_dir: str, want: int) -> dict[str, str]:
+  """``<arm>-<seed>`` -> its workdir, for every results JSON with ``want`` iterations."""
+  from experiments.mechanism import common, report  # pylint: disable=g-import-not-at-top
+  out = {}
+  for r in report.load(results_dir):
+    if r["iterations"] >= want:
+      name = f"{r['arm']}-{r['seed']}"
+      out[name] = os.path.join(common.runs_dir(), name)
+  return out
+
+
+def _save(path: str, data: dict) -> None:
+  with open(path + ".tmp", "w") as f:
+    json.dump(data, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+def evaluate_runs(*, limit: int = FINAL_SEEDS, runs: dict[str, str] | None = None,
+                  smoke: bool = False, start: str = "", results: str = "") -> str:
+  """Evaluates the warm start and ``runs`` (name -> workdir; default every finished run);
+  returns the JSON's path."""
+  from experiments.mechanism import common, config  # pylint: disable=g-import-not-at-top
+  from spade_jax import sandbox  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay import build, loop, workdir  # pylint: disable=g-import-not-at-top
+  if limit < 1:
+    raise ValueError(f"--limit={limit}; give at least 1 seed per family and level.")
+  cfg = config.get_config("arm=spade,seed=0" + (",smoke" if smoke else "") +
+                          (f",warm_start={start}" if start else ""))
+  cfg.eval.limit = limit
+  hf = cfg.model.init_from.removeprefix("hf:")
+  if not os.path.isfile(os.path.join(hf, "config.json")):
+    raise FileNotFoundError(f"No warm start at {hf}; build it with `python -m "
+                            "experiments.mechanism.warm_start` (or run an arm first).")
+  digest = common.weights_digest(hf)
+  out_dir = results or common.RESULTS
+  os.makedirs(out_dir, exist_ok=True)
+  path = path_for(out_dir, limit)
+  if runs is None:
+    runs = finished_runs(out_dir, cfg.iterations)
+  data = {"limit": limit, "suites": cfg.eval.suites,
+          "warm_start": {"path": os.path.abspath(hf), "sha256": digest}, "runs": {}}
+  if os.path.isfile(path):
+    with open(path) as f:
+      data = json.load(f)
+    if data["warm_start"]["sha256"] != digest:
+      raise ValueError(f"{path} evaluated runs from another warm start "
+                       f"({data['warm_start']['sha256'][:12]}, not {digest[:12]}); move it "
+                       "aside first.")
+  todo = {}
+  for name, wd in sorted(runs.items()):
+    step = _latest(wd)
+    if step is None:
+      raise FileNotFoundError(f"{name}: no checkpoint under {wd}/checkpoints; the run's "
+                              "weights are needed (rerun it, or leave it out).")
+    with open(os.path.join(wd, "warm_start.txt")) as f:
+      began = f.read().strip()
+    if common.weights_digest(began) != digest:
+      raise ValueError(f"{name} began from {began}, not the warm start {hf}.")
+    if data["runs"].get(name, {}).get("step") != step:
+      todo[name] = (wd, step)
+  if "eval" in data and not todo:
+    print(f"{path}: nothing new to evaluate", flush=True)
+    return path
+  run = build.build_run(cfg)
+  c = run.config
+  with tempfile.TemporaryDirectory() as tmp, sandbox.EnvPool(c.sandbox) as pool:
+    sp = run.selfplay(pool, tmp)
+    if "eval" not in data:
+      print(f"warm start: {limit} seeds per family and level", flush=True)
+      data["eval"] = _scores(loop.evaluate_policy(sp, c.eval, pool))
+      _save(path, data)
+    for i, (name, (wd, step)) in enumerate(todo.items()):
+      print(f"[{i + 1}/{len(todo)}] {name} step {step}", flush=True)
+      _, _, params, got = workdir.load_run(wd, step, mesh_cfg=c.mesh)
+      sp.state = sp.state.replace(params=params)
+      arm, seed = name.rsplit("-", 1)
+      data["runs"][name] = {"arm": arm, "seed": int(seed), "step": got,
+                            "eval": _scores(loop.evaluate_policy(sp, c.eval, pool))}
+      _save(path, data)
+  print(f"wrote {path}", flush=True)
+  return path
+
+
+def _latest(wd: str) -> int | None:
+  ckpts = os.path.join(wd, "checkpoints")
+  steps = [int(d) for d in os.listdir(ckpts) if d.isdigit()] if os.path.isdir(ckpts) else []
+  return max(steps, default=None)
+
+
+def _scores(scores: dict) -> dict[str, float]:
+  return {k: float(v) for k, v in sorted(scores.items())}
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  evaluate_runs(limit=_LIMIT.value, smoke=_SMOKE.value, start=_START.value,
+                results=_RESULTS.value)
+
+
+def _define_flags() -> None:
+  """The command line's flags (defined only when run as a program)."""
+  global _LIMIT, _SMOKE, _START, _RESULTS
+  _LIMIT = flags.DEFINE_integer("limit", FINAL_SEEDS, "Seeds per family and level.")
+  _SMOKE = flags.DEFINE_bool("smoke", False, "The smoke warm start (tests).")
+  _START = flags.DEFINE_string("warm_start", "", "A warm-start build directory or HF "
+                               "directory (default: the cache's).")
+  _RESULTS = flags.DEFINE_string("results", "", "Results directory (default results/).")
+
+
+if __name__ == "__main__":
+  _define_flags()
+  sys.exit(app.run(main))

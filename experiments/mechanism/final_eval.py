@@ -58,6 +58,7 @@ def evaluate_runs(*, limit: int = FINAL_SEEDS, runs: dict[str, str] | None = Non
   cfg = config.get_config("arm=spade,seed=0" + (",smoke" if smoke else "") +
                           (f",warm_start={start}" if start else ""))
   cfg.eval.limit = limit
+  cfg.eval.overrides = {"families": {"seeds": limit}}  # the suite's default is 8 seeds
   hf = cfg.model.init_from.removeprefix("hf:")
   if not os.path.isfile(os.path.join(hf, "config.json")):
     raise FileNotFoundError(f"No warm start at {hf}; build it with `python -m "

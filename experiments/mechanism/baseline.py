@@ -12,42 +12,27 @@ warm start's row and its iteration-0 points.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
-import tempfile
 
 from absl import app
-from absl import flags
 
 FILE = "warm_start_eval.json"
 
 
 def evaluate(*, smoke: bool = False, start: str = "", results: str = "") -> str:
   """Evaluates the warm start as every arm would at iteration 0; returns the JSON's path."""
-  from experiments.mechanism import common, config  # pylint: disable=g-import-not-at-top
-  from spade_jax import sandbox  # pylint: disable=g-import-not-at-top
-  from spade_jax.selfplay import build, loop  # pylint: disable=g-import-not-at-top
-  cfg = config.get_config("arm=spade,seed=0" + (",smoke" if smoke else "") +
-                          (f",warm_start={start}" if start else ""))
-  hf = cfg.model.init_from.removeprefix("hf:")
-  if not os.path.isfile(os.path.join(hf, "config.json")):
-    raise FileNotFoundError(f"No warm start at {hf}; build it with `python -m "
-                            "experiments.mechanism.warm_start` (or run an arm first).")
-  run = build.build_run(cfg)
-  c = run.config
-  with tempfile.TemporaryDirectory() as tmp, sandbox.EnvPool(c.sandbox) as pool:
-    sp = run.selfplay(pool, tmp)
-    scores = loop.evaluate_policy(sp, c.eval, pool)
+  from experiments.mechanism import common, final_eval  # pylint: disable=g-import-not-at-top
+  cfg, hf = final_eval.arm_config(smoke=smoke, start=start)
+  with final_eval.evaluator(cfg) as run_eval:
+    scores, _ = run_eval()
   out_dir = results or common.RESULTS
   os.makedirs(out_dir, exist_ok=True)
   path = os.path.join(out_dir, FILE)
-  data = {"iteration": 0, "suites": c.eval.suites, "limit": c.eval.limit,
-          "warm_start": {"path": os.path.abspath(hf), "sha256": common.weights_digest(hf)},
-          "eval": {k: float(v) for k, v in sorted(scores.items())}}
-  with open(path + ".tmp", "w") as f:
-    json.dump(data, f, indent=1)
-  os.replace(path + ".tmp", path)
+  final_eval.save_json(path, {
+      "iteration": 0, "suites": cfg.eval.suites, "limit": cfg.eval.limit,
+      "warm_start": {"path": os.path.abspath(hf), "sha256": common.weights_digest(hf)},
+      "eval": scores})
   print(f"wrote {path}", flush=True)
   return path
 
@@ -61,10 +46,8 @@ def main(argv):
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
   global _SMOKE, _START, _RESULTS
-  _SMOKE = flags.DEFINE_bool("smoke", False, "The smoke warm start (tests).")
-  _START = flags.DEFINE_string("warm_start", "", "A warm-start build directory or HF "
-                               "directory (default: the cache's).")
-  _RESULTS = flags.DEFINE_string("results", "", "Results directory (default results/).")
+  from experiments.mechanism import final_eval  # pylint: disable=g-import-not-at-top
+  _SMOKE, _START, _RESULTS = final_eval.start_flags()
 
 
 if __name__ == "__main__":

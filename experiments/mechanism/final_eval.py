@@ -14,6 +14,7 @@ at the same step is not evaluated again, and the file is rewritten after each ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -40,29 +41,60 @@ def finished_runs(results_dir: str, want: int) -> dict[str, str]:
   return out
 
 
-def _save(path: str, data: dict) -> None:
+def save_json(path: str, data: dict) -> None:
+  """Writes ``data`` to ``path`` through a temporary file (a crash leaves the old one)."""
   with open(path + ".tmp", "w") as f:
     json.dump(data, f, indent=1)
   os.replace(path + ".tmp", path)
+
+
+def arm_config(*, smoke: bool = False, start: str = "", limit: int = 0):
+  """The arms' config (their ``eval`` section is shared) and its warm start's HF directory;
+  ``limit``: seeds per family and level (0: the arms' own)."""
+  from experiments.mechanism import config  # pylint: disable=g-import-not-at-top
+  cfg = config.get_config("arm=spade,seed=0" + (",smoke" if smoke else "") +
+                          (f",warm_start={start}" if start else ""))
+  if limit:
+    cfg.eval.limit = limit
+    cfg.eval.overrides = {"families": {"seeds": limit}}  # the suite's default is 8 seeds
+  hf = cfg.model.init_from.removeprefix("hf:")
+  if not os.path.isfile(os.path.join(hf, "config.json")):
+    raise FileNotFoundError(f"No warm start at {hf}; build it with `python -m "
+                            "experiments.mechanism.warm_start` (or run an arm first).")
+  return cfg, hf
+
+
+@contextlib.contextmanager
+def evaluator(cfg):
+  """Yields ``evaluate(run_dir="", step=None) -> (scores, step)``: the loop's
+  ``evaluate_policy`` on a self-play driver built as an arm builds it, with the warm start's
+  weights, or with those of ``run_dir``'s checkpoint ``step`` (default its latest)."""
+  from spade_jax import sandbox  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay import build, loop, workdir  # pylint: disable=g-import-not-at-top
+  run = build.build_run(cfg)
+  c = run.config
+  with tempfile.TemporaryDirectory() as tmp, sandbox.EnvPool(c.sandbox) as pool:
+    sp = run.selfplay(pool, tmp)
+
+    def evaluate(run_dir: str = "", step: int | None = None):
+      got = 0
+      if run_dir:
+        _, _, params, got = workdir.load_run(run_dir, step, mesh_cfg=c.mesh)
+        sp.state = sp.state.replace(params=params)
+      scores = loop.evaluate_policy(sp, c.eval, pool)
+      return {k: float(v) for k, v in sorted(scores.items())}, got
+
+    yield evaluate
 
 
 def evaluate_runs(*, limit: int = FINAL_SEEDS, runs: dict[str, str] | None = None,
                   smoke: bool = False, start: str = "", results: str = "") -> str:
   """Evaluates the warm start and ``runs`` (name -> workdir; default every finished run);
   returns the JSON's path."""
-  from experiments.mechanism import common, config  # pylint: disable=g-import-not-at-top
-  from spade_jax import sandbox  # pylint: disable=g-import-not-at-top
-  from spade_jax.selfplay import build, loop, workdir  # pylint: disable=g-import-not-at-top
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   if limit < 1:
     raise ValueError(f"--limit={limit}; give at least 1 seed per family and level.")
-  cfg = config.get_config("arm=spade,seed=0" + (",smoke" if smoke else "") +
-                          (f",warm_start={start}" if start else ""))
-  cfg.eval.limit = limit
-  cfg.eval.overrides = {"families": {"seeds": limit}}  # the suite's default is 8 seeds
-  hf = cfg.model.init_from.removeprefix("hf:")
-  if not os.path.isfile(os.path.join(hf, "config.json")):
-    raise FileNotFoundError(f"No warm start at {hf}; build it with `python -m "
-                            "experiments.mechanism.warm_start` (or run an arm first).")
+  cfg, hf = arm_config(smoke=smoke, start=start, limit=limit)
   digest = common.weights_digest(hf)
   out_dir = results or common.RESULTS
   os.makedirs(out_dir, exist_ok=True)
@@ -93,22 +125,17 @@ def evaluate_runs(*, limit: int = FINAL_SEEDS, runs: dict[str, str] | None = Non
   if "eval" in data and not todo:
     print(f"{path}: nothing new to evaluate", flush=True)
     return path
-  run = build.build_run(cfg)
-  c = run.config
-  with tempfile.TemporaryDirectory() as tmp, sandbox.EnvPool(c.sandbox) as pool:
-    sp = run.selfplay(pool, tmp)
+  with evaluator(cfg) as evaluate:
     if "eval" not in data:
       print(f"warm start: {limit} seeds per family and level", flush=True)
-      data["eval"] = _scores(loop.evaluate_policy(sp, c.eval, pool))
-      _save(path, data)
+      data["eval"], _ = evaluate()
+      save_json(path, data)
     for i, (name, (wd, step)) in enumerate(todo.items()):
       print(f"[{i + 1}/{len(todo)}] {name} step {step}", flush=True)
-      _, _, params, got = workdir.load_run(wd, step, mesh_cfg=c.mesh)
-      sp.state = sp.state.replace(params=params)
+      scores, got = evaluate(wd, step)
       arm, seed = name.rsplit("-", 1)
-      data["runs"][name] = {"arm": arm, "seed": int(seed), "step": got,
-                            "eval": _scores(loop.evaluate_policy(sp, c.eval, pool))}
-      _save(path, data)
+      data["runs"][name] = {"arm": arm, "seed": int(seed), "step": got, "eval": scores}
+      save_json(path, data)
   print(f"wrote {path}", flush=True)
   return path
 
@@ -119,10 +146,6 @@ def _latest(wd: str) -> int | None:
   return max(steps, default=None)
 
 
-def _scores(scores: dict) -> dict[str, float]:
-  return {k: float(v) for k, v in sorted(scores.items())}
-
-
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -130,14 +153,19 @@ def main(argv):
                 results=_RESULTS.value)
 
 
+def start_flags():
+  """``--smoke``, ``--warm_start`` and ``--results``, which both evaluation commands take."""
+  return (flags.DEFINE_bool("smoke", False, "The smoke warm start (tests)."),
+          flags.DEFINE_string("warm_start", "", "A warm-start build directory or HF "
+                              "directory (default: the cache's)."),
+          flags.DEFINE_string("results", "", "Results directory (default results/)."))
+
+
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
   global _LIMIT, _SMOKE, _START, _RESULTS
   _LIMIT = flags.DEFINE_integer("limit", FINAL_SEEDS, "Seeds per family and level.")
-  _SMOKE = flags.DEFINE_bool("smoke", False, "The smoke warm start (tests).")
-  _START = flags.DEFINE_string("warm_start", "", "A warm-start build directory or HF "
-                               "directory (default: the cache's).")
-  _RESULTS = flags.DEFINE_string("results", "", "Results directory (default results/).")
+  _SMOKE, _START, _RESULTS = start_flags()
 
 
 if __name__ == "__main__":

@@ -116,6 +116,13 @@ def summarize(results: list[dict]) -> dict:
   return out
 
 
+def _cell(c: dict) -> str:
+  """A table cell: mean ± 95% CI half-width, the mean alone for one value, n/a for none."""
+  if c["n"] == 0:
+    return "n/a"
+  return f"{c['mean']:.3f}" if math.isnan(c["ci95"]) else f"{c['mean']:.3f} ± {c['ci95']:.3f}"
+
+
 def baseline_row(base: dict) -> dict:
   """The warm start's row: its iteration-0 evaluation in the success columns."""
   ev = base["eval"]
@@ -127,20 +134,17 @@ def baseline_row(base: dict) -> dict:
   return row
 
 
-def table(summary: dict, base: dict | None = None) -> str:
-  """The summary as a markdown table (with ``base``: the warm start's row first)."""
-  fmt = lambda c: ("n/a" if c["n"] == 0 else f"{c['mean']:.3f}" if math.isnan(c["ci95"])
-                   else f"{c['mean']:.3f} ± {c['ci95']:.3f}")
+def table(summary: dict, base_row: dict | None = None) -> str:
+  """The summary as a markdown table (with ``base_row``: the warm start's row first)."""
   head = "| arm | seeds | iterations | " + " | ".join(t for _, t in COLUMNS) + " |"
   lines = [head, "|" + "---|" * (len(COLUMNS) + 3)]
-  if base is not None:
-    row = baseline_row(base)
+  if base_row is not None:
     lines.append("| warm start (no self-play) | - | 0 | "
-                 + " | ".join(fmt(row[k]) for k, _ in COLUMNS) + " |")
+                 + " | ".join(_cell(base_row[k]) for k, _ in COLUMNS) + " |")
   for arm, row in summary.items():
     lines.append(f"| {arm} | {len(row['seeds'])} | {min(row['iterations'])}"
                  f"-{max(row['iterations'])} | "
-                 + " | ".join(fmt(row[k]) for k, _ in COLUMNS) + " |")
+                 + " | ".join(_cell(row[k]) for k, _ in COLUMNS) + " |")
   return "\n".join(lines) + "\n"
 
 
@@ -169,8 +173,6 @@ def final_summary(final: dict) -> dict:
 
 def final_table(fs: dict) -> str:
   """``final_summary`` as a markdown table."""
-  fmt = lambda c: ("n/a" if c["n"] == 0 else f"{c['mean']:.3f}" if math.isnan(c["ci95"])
-                   else f"{c['mean']:.3f} ± {c['ci95']:.3f}")
   cells = lambda v: "n/a" if v is None else f"{v:.3f}"
   head = ("| arm | seeds | step | " + " | ".join(
       f"{t} success | {t} change" for _, t in FINAL) + " |")
@@ -180,7 +182,7 @@ def final_table(fs: dict) -> str:
   for arm, row in fs["arms"].items():
     steps = "/".join(map(str, row["steps"]))
     lines.append(f"| {arm} | {len(row['seeds'])} | {steps} | " + " | ".join(
-        f"{fmt(row[k])} | " + ("n/a" if row[k]["change"] is None
+        f"{_cell(row[k])} | " + ("n/a" if row[k]["change"] is None
                                else f"{row[k]['change']:+.3f}") for k, _ in FINAL) + " |")
   return "\n".join(lines) + "\n"
 
@@ -289,22 +291,22 @@ def report(results_dir: str, readme: str | None = None) -> dict:
                      "so the arms are not comparable: " + "; ".join(
                          f"{d[:12]}: {', '.join(runs)}" for d, runs in starts.items()) +
                      ". Rerun the odd ones from the same --warm_start or move them aside.")
-  base = load_baseline(results_dir)
-  if base is not None and starts and base["warm_start"]["sha256"] not in starts:
-    raise ValueError(f"{results_dir}/warm_start_eval.json evaluated other weights "
-                     f"({base['warm_start']['sha256'][:12]}) than the runs began from; rerun "
-                     "`python -m experiments.mechanism.baseline` or move it aside.")
+  base, final = load_baseline(results_dir), load_final(results_dir)
+  for rec, name, fix in ((base, "warm_start_eval.json", "rerun `python -m "
+                          "experiments.mechanism.baseline` or move it aside"),
+                         (final, "final_eval_<N>.json", "move it aside")):
+    if rec is not None and starts and rec["warm_start"]["sha256"] not in starts:
+      raise ValueError(f"{results_dir}: {name} evaluated other weights "
+                       f"({rec['warm_start']['sha256'][:12]}) than the runs began from "
+                       f"(another warm start); {fix}.")
   summary = summarize(results)
-  if base is not None:
-    summary["warm start"] = baseline_row(base)
-  text = table({k: v for k, v in summary.items() if k != "warm start"}, base)
+  base_row = baseline_row(base) if base is not None else None
+  text = table(summary, base_row)
   with open(os.path.join(results_dir, "table.md"), "w") as f:
     f.write(text)
-  final = load_final(results_dir)
+  if base_row is not None:
+    summary["warm start"] = base_row
   if final is not None:
-    if starts and final["warm_start"]["sha256"] not in starts:
-      raise ValueError(f"{results_dir}: final_eval_{final['limit']}.json evaluated runs from "
-                       "another warm start than the results'; move it aside.")
     summary["final"] = final_summary(final)
     with open(os.path.join(results_dir, "final_table.md"), "w") as f:
       f.write(final_table(summary["final"]))

@@ -593,6 +593,23 @@ def test_report_table_is_computed_from_the_results(tmp_path):
     report.report(str(tmp_path))
 
 
+def test_designed_levels_follow_the_memorys_programs(tmp_path):
+  from spade_jax.envs.families import FAMILIES
+  fams = sorted(FAMILIES)[:2]
+  recs = [{"program": FAMILIES[fams[0]].program_at(0), "iteration": 0},
+          {"program": FAMILIES[fams[1]].program_at(4), "iteration": 0},
+          {"program": "print('not a family')", "iteration": 1},
+          {"program": FAMILIES[fams[1]].program_at(4), "iteration": 2}]
+  assert report.designed_levels(str(tmp_path)) == []  # no memory: no series
+  (tmp_path / "memory.json").write_text(json.dumps({"version": 2, "records": recs}))
+  levels = report.designed_levels(str(tmp_path))
+  assert levels == [[1, 2.0], [3, 4.0]]  # steps are iterations + 1; non-family skipped
+  # Levels 2 then 4 over steps 1 and 3: a slope of 1 per iteration, 10 per 10.
+  run = {"arm": "spade", "seed": 0, "iterations": 3,
+         "series": {report.LEVEL: levels}}
+  assert report.per_run(run)["level_trend"] == pytest.approx(10.0)
+
+
 def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   """The committed commands at smoke size: the warm start, then one arm, then its JSON."""
   from experiments.mechanism import run, warm_start

@@ -13,7 +13,11 @@ and 95% confidence interval (Student t, n - 1 degrees of freedom):
 * band share: ``rewards/win_rate_band_frac``, the share of played envs whose unhinted win
   rate lies in [0.4, 0.6], over all iterations;
 * regret trend: the least-squares slope of ``rewards/regret_mean`` over iterations (per 10
-  iterations).
+  iterations);
+* designed-level trend: the same slope of ``designer/level_mean``, the mean difficulty level
+  (0-4, ``measure.family_of``) of the family programs the designer wrote per iteration, read
+  from the run's ``memory.json`` (arms with a designer). Memory merges a re-submitted
+  program into one record at its latest iteration, so a repeat counts once, there.
 
 With ``final_eval_<N>.json`` (``final_eval.py``: each finished run's last checkpoint and
 the warm start on N seeds per family and level; the largest N present) a second table gives
@@ -47,11 +51,35 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
          9: 2.262, 10: 2.228}
 
 
+LEVEL = "designer/level_mean"  # from memory.json (``designed_levels``), not the metrics
+
+
+def designed_levels(workdir: str) -> list[list]:
+  """[[step, mean level]] of the family programs in ``workdir``'s ``memory.json`` per
+  iteration (step = iteration + 1, as in the metrics); [] without a memory file."""
+  from experiments.mechanism import measure  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, "memory.json")
+  if not os.path.isfile(path):
+    return []
+  with open(path) as f:
+    records = json.load(f)["records"]
+  by_it = collections.defaultdict(list)
+  for r in records:
+    _, level = measure.family_of(r["program"])
+    if level is not None:
+      by_it[int(r["iteration"]) + 1].append(level)
+  return [[it, sum(v) / len(v)] for it, v in sorted(by_it.items())]
+
+
 def collect(workdir: str, *, arm: str, seed: int) -> dict:
-  """One run's per-iteration series (``SERIES``) and its saved config, JSON-able."""
+  """One run's per-iteration series (``SERIES``, and ``LEVEL`` when it has a memory),
+  JSON-able."""
   from spade_jax.metrics import read_metrics  # pylint: disable=g-import-not-at-top
   rows = read_metrics(workdir)
   series = {k: [[int(r["step"]), float(r[k])] for r in rows if k in r] for k in SERIES}
+  levels = designed_levels(workdir)
+  if levels:
+    series[LEVEL] = levels
   return {"arm": arm, "seed": seed, "iterations": max((int(r["step"]) for r in rows),
                                                         default=0),
           "series": series}
@@ -87,17 +115,20 @@ def per_run(result: dict) -> dict:
   last = lambda k: s[k][-1][1] if s.get(k) else None
   avg = lambda k: sum(v for _, v in s[k]) / len(s[k]) if s.get(k) else None
   trend = slope(s.get("rewards/regret_mean", []))
+  level_trend = slope(s.get(LEVEL, []))
   return {"held_out": last("eval/families/held_out/success"),
           "harder": last("eval/families/harder/success"),
           "valid_rate": avg("designer/valid_rate"),
           "band_share": avg("rewards/win_rate_band_frac"),
           "regret_trend": None if trend is None else 10 * trend,
+          "level_trend": None if level_trend is None else 10 * level_trend,
           "iterations": result["iterations"]}
 
 
 COLUMNS = (("held_out", "held-out success"), ("harder", "harder-range success"),
            ("valid_rate", "designer valid rate"), ("band_share", "envs in [0.4, 0.6]"),
-           ("regret_trend", "regret trend / 10 it"))
+           ("regret_trend", "regret trend / 10 it"),
+           ("level_trend", "designed level trend / 10 it"))
 
 
 def summarize(results: list[dict]) -> dict:
@@ -207,7 +238,7 @@ def plots(results: list[dict], out_dir: str, base: dict | None = None) -> list[s
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
   paths = []
-  for key in SERIES:
+  for key in SERIES + (LEVEL,):
     fig, ax = plt.subplots(figsize=(6, 3.5))
     drawn = False
     for arm in sorted({r["arm"] for r in results}):

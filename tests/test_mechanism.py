@@ -662,6 +662,18 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   assert all(sum(r["outcomes"].values()) == 1 for r in swept.values())
   with pytest.raises(ValueError, match="levels 0..4"):
     measure.by_level(os.path.join(ws, "hf"), levels=(5,), episodes=1, families=("ordering",))
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cli = [sys.executable, "-m", "experiments.mechanism.measure", f"--hf={ws}/hf", "--held_out"]
+  r = subprocess.run(cli + ["--levels=0", "--episodes=1", f"--json={tmp_path}/held.json"],
+                     capture_output=True, text=True, cwd=root, timeout=600)
+  assert r.returncode == 0, r.stderr[-2000:]
+  held = json.loads((tmp_path / "held.json").read_text())["levels"]["0"]
+  assert list(held["per_family"]) == [HELD_OUT] and sum(held["outcomes"].values()) == 1
+  r = subprocess.run(cli + ["--families=ordering"], capture_output=True, text=True, cwd=root,
+                     timeout=600)
+  assert r.returncode != 0 and "drop --families" in r.stderr
   fit = diagnose.designer_fit(ws, rows_per_family=1)
   assert fit and all(r["rows"] == 1 and r["program_tokens"] > 100 for r in fit.values())
   for r in fit.values():  # a whole program right implies every token right

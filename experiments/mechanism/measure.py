@@ -9,7 +9,7 @@
 
 Run alone, it measures a checkpoint's agent at every difficulty level:
 
-  python -m experiments.mechanism.measure --hf=DIR [--families=a,b] [--levels=0,1,2,3,4]
+  python -m experiments.mechanism.measure --hf=DIR [--families=a,b | --held_out] [--levels=0,1,2,3,4]
       [--episodes=40] [--temperature=0] [--show=0] [--json=PATH]
 """
 
@@ -190,9 +190,12 @@ def main(argv):
   except ValueError as e:
     raise app.UsageError(f"--levels={_LEVELS.value!r}: expected integers like 0,1,2") from e
   t0 = time.time()
+  if _HELD_OUT.value and _FAMILIES.value:
+    raise app.UsageError("--held_out measures the held-out family alone; drop --families.")
+  families = ((common.HELD_OUT,) if _HELD_OUT.value
+              else warm_start.parse_families(_FAMILIES.value))
   res = by_level(_HF.value, levels=levels, episodes=_EPISODES.value,
-                 temperature=_TEMPERATURE.value,
-                 families=warm_start.parse_families(_FAMILIES.value), keep=_SHOW.value)
+                 temperature=_TEMPERATURE.value, families=families, keep=_SHOW.value)
   for lv, r in res.items():
     for t in r.get("transcripts", []):
       print(f"--- level {lv}, {t['family']}, {t['outcome']} ---\n{t['text']}")
@@ -213,6 +216,8 @@ if __name__ == "__main__":
   _HF = _flags.DEFINE_string("hf", "", "An HF checkpoint directory (a warm start's hf/).")
   _FAMILIES = _flags.DEFINE_string("families", "", "Seen families, comma-separated "
                                    "(default: all).")
+  _HELD_OUT = _flags.DEFINE_bool("held_out", False, "Measure the held-out family (never "
+                                 "trained on) instead of the seen ones.")
   _LEVELS = _flags.DEFINE_string("levels", "0,1,2,3,4", "Difficulty levels, comma-separated.")
   _EPISODES = _flags.DEFINE_integer("episodes", 40, "Episodes per family per level.")
   _TEMPERATURE = _flags.DEFINE_float("temperature", 0.0, "0: greedy.")

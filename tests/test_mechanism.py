@@ -568,6 +568,9 @@ def test_report_table_is_computed_from_the_results(tmp_path):
            "runs": {f"spade-{i}": {"arm": "spade", "seed": i, "step": 3, "eval": {
                "eval/families/held_out/success": 0.0,
                "eval/families/harder/success": h}} for i, h in enumerate((0.25, 0.3, 0.35))}}
+  final["runs"].update({f"static-{i}": {"arm": "static", "seed": i, "step": 3, "eval": {
+      "eval/families/held_out/success": 0.0, "eval/families/harder/success": 0.2}}
+                        for i in range(3)})
   (tmp_path / "final_eval_4.json").write_text(json.dumps(dict(final, limit=4, runs={})))
   (tmp_path / "final_eval_16.json").write_text(json.dumps(final))
   s = report.report(str(tmp_path), readme=str(tmp_path / "README.md"))
@@ -577,6 +580,12 @@ def test_report_table_is_computed_from_the_results(tmp_path):
   assert row["ci95"] == pytest.approx(4.303 * 0.05 / math.sqrt(3))
   assert "| spade | 3 | 3 | 0.000 ± 0.000 | +0.000 | 0.300 ± 0.124 | +0.050 |" in (
       tmp_path / "final_table.md").read_text()
+  # spade minus static: 0.1; pooled variance (0.005 + 0) / 4 over 1/3 + 1/3, t(4) = 2.776.
+  c = s["final"]["contrasts"]["static"]["eval/families/harder/success"]
+  assert c["diff"] == pytest.approx(0.1) and c["df"] == 4
+  assert c["ci95"] == pytest.approx(2.776 * math.sqrt(0.00125 * 2 / 3))
+  assert "| static | +0.000 ± 0.000 | +0.100 ± 0.080 |" in (tmp_path / "final_table.md").read_text()
+  assert "spade" not in s["final"]["contrasts"]
   (tmp_path / "final_eval_16.json").write_text(json.dumps(dict(
       final, warm_start={"path": "/x", "sha256": "e" * 64})))
   with pytest.raises(ValueError, match="another warm start"):

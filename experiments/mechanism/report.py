@@ -22,7 +22,10 @@ and 95% confidence interval (Student t, n - 1 degrees of freedom):
 With ``final_eval_<N>.json`` (``final_eval.py``: each finished run's last checkpoint and
 the warm start on N seeds per family and level; the largest N present) a second table gives
 held-out and harder-range success of the final weights per arm, mean and 95% CI over seeds,
-and each arm's mean change from the warm start.
+and each arm's mean change from the warm start; below it, ``spade`` minus each other arm:
+the difference of the means and its 95% CI (two-sample Student t with pooled variance,
+n1 + n2 - 2 degrees of freedom; the experiment's question is whether regret-driven design
+beats the other arms).
 
 With ``warm_start_eval.json`` (``baseline.py``: the same evaluation of the shared starting
 weights) the table gains a ``warm start`` row, its two success columns measured at
@@ -96,6 +99,22 @@ def mean_ci(xs) -> tuple[float, float, int]:
     return m, float("nan"), n
   sd = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1))
   return m, _T975.get(n - 1, 1.96) * sd / math.sqrt(n), n
+
+
+def contrast(a, b) -> tuple[float, float, int]:
+  """(mean(a) - mean(b), 95% CI half-width, degrees of freedom) of two independent samples,
+  Student t with pooled variance (half-width NaN when either has fewer than two values)."""
+  a = [x for x in a if x is not None and math.isfinite(x)]
+  b = [x for x in b if x is not None and math.isfinite(x)]
+  if not a or not b:
+    return float("nan"), float("nan"), 0
+  ma, mb = sum(a) / len(a), sum(b) / len(b)
+  df = len(a) + len(b) - 2
+  if len(a) < 2 or len(b) < 2:
+    return ma - mb, float("nan"), df
+  pooled = (sum((x - ma) ** 2 for x in a) + sum((x - mb) ** 2 for x in b)) / df
+  half = _T975.get(df, 1.96) * math.sqrt(pooled * (1 / len(a) + 1 / len(b)))
+  return ma - mb, half, df
 
 
 def slope(points) -> float | None:
@@ -179,6 +198,7 @@ def table(summary: dict, base_row: dict | None = None) -> str:
   return "\n".join(lines) + "\n"
 
 
+PRIMARY = "spade"  # the arm the others are compared with
 FINAL = (("eval/families/held_out/success", "held-out"),
          ("eval/families/harder/success", "harder-range"))
 
@@ -190,7 +210,13 @@ def final_summary(final: dict) -> dict:
   for r in final["runs"].values():
     by_arm[r["arm"]].append(r)
   out = {"limit": final["limit"],
-         "warm start": {k: final.get("eval", {}).get(k) for k, _ in FINAL}, "arms": {}}
+         "warm start": {k: final.get("eval", {}).get(k) for k, _ in FINAL}, "arms": {},
+         "contrasts": {}}
+  values = lambda arm, k: [r["eval"].get(k) for r in by_arm[arm]]
+  for arm in sorted(by_arm):
+    if arm != PRIMARY and PRIMARY in by_arm:
+      out["contrasts"][arm] = {k: dict(zip(("diff", "ci95", "df"), contrast(
+          values(PRIMARY, k), values(arm, k)))) for k, _ in FINAL}
   for arm, rs in sorted(by_arm.items()):
     row = {"seeds": sorted(r["seed"] for r in rs), "steps": sorted({r["step"] for r in rs})}
     for k, _ in FINAL:
@@ -215,7 +241,21 @@ def final_table(fs: dict) -> str:
     lines.append(f"| {arm} | {len(row['seeds'])} | {steps} | " + " | ".join(
         f"{_cell(row[k])} | " + ("n/a" if row[k]["change"] is None
                                else f"{row[k]['change']:+.3f}") for k, _ in FINAL) + " |")
+  if fs.get("contrasts"):
+    lines += ["", f"| {PRIMARY} minus | " + " | ".join(f"{t} difference" for _, t in FINAL)
+              + " |", "|" + "---|" * (1 + len(FINAL))]
+    for arm, c in fs["contrasts"].items():
+      lines.append(f"| {arm} | " + " | ".join(_diff_cell(c[k]) for k, _ in FINAL) + " |")
   return "\n".join(lines) + "\n"
+
+
+def _diff_cell(c: dict) -> str:
+  """A contrast cell: signed difference ± 95% CI half-width (the difference alone without
+  a CI, n/a for none)."""
+  if c["df"] == 0 and math.isnan(c["diff"]):
+    return "n/a"
+  return (f"{c['diff']:+.3f}" if math.isnan(c["ci95"])
+          else f"{c['diff']:+.3f} ± {c['ci95']:.3f}")
 
 
 def load_final(results_dir: str) -> dict | None:

@@ -9,8 +9,8 @@
 
 Run alone, it measures a checkpoint's agent at every difficulty level:
 
-  python -m experiments.mechanism.measure --hf=DIR [--families=a,b | --held_out] [--levels=0,1,2,3,4]
-      [--episodes=40] [--temperature=0] [--show=0] [--json=PATH]
+  python -m experiments.mechanism.measure --hf=DIR [--families=a,b | --held_out]
+      [--levels=0,1,2,3,4] [--episodes=40] [--temperature=0] [--show=0] [--json=PATH]
 """
 
 from __future__ import annotations
@@ -189,11 +189,11 @@ def main(argv):
     levels = [int(x) for x in _LEVELS.value.split(",") if x.strip()]
   except ValueError as e:
     raise app.UsageError(f"--levels={_LEVELS.value!r}: expected integers like 0,1,2") from e
-  t0 = time.time()
   if _HELD_OUT.value and _FAMILIES.value:
     raise app.UsageError("--held_out measures the held-out family alone; drop --families.")
   families = ((common.HELD_OUT,) if _HELD_OUT.value
               else warm_start.parse_families(_FAMILIES.value))
+  t0 = time.time()
   res = by_level(_HF.value, levels=levels, episodes=_EPISODES.value,
                  temperature=_TEMPERATURE.value, families=families, keep=_SHOW.value)
   for lv, r in res.items():

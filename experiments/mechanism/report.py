@@ -88,9 +88,14 @@ def collect(workdir: str, *, arm: str, seed: int) -> dict:
           "series": series}
 
 
+def _finite(xs) -> list[float]:
+  """``xs`` without the Nones and non-finite values (runs without that quantity)."""
+  return [x for x in xs if x is not None and math.isfinite(x)]
+
+
 def mean_ci(xs) -> tuple[float, float, int]:
   """(mean, 95% CI half-width, n) of ``xs`` (half-width NaN for n < 2)."""
-  xs = [x for x in xs if x is not None and math.isfinite(x)]
+  xs = _finite(xs)
   n = len(xs)
   if not n:
     return float("nan"), float("nan"), 0
@@ -104,8 +109,7 @@ def mean_ci(xs) -> tuple[float, float, int]:
 def contrast(a, b) -> tuple[float, float, int]:
   """(mean(a) - mean(b), 95% CI half-width, degrees of freedom) of two independent samples,
   Student t with pooled variance (half-width NaN when either has fewer than two values)."""
-  a = [x for x in a if x is not None and math.isfinite(x)]
-  b = [x for x in b if x is not None and math.isfinite(x)]
+  a, b = _finite(a), _finite(b)
   if not a or not b:
     return float("nan"), float("nan"), 0
   ma, mb = sum(a) / len(a), sum(b) / len(b)
@@ -166,11 +170,17 @@ def summarize(results: list[dict]) -> dict:
   return out
 
 
-def _cell(c: dict) -> str:
-  """A table cell: mean ± 95% CI half-width, the mean alone for one value, n/a for none."""
-  if c["n"] == 0:
+def _fmt(value: float, ci95: float, sign: str = "") -> str:
+  """A table cell: value ± 95% CI half-width, the value alone without a CI, n/a without a
+  value (``sign="+"``: signed, for differences)."""
+  if math.isnan(value):
     return "n/a"
-  return f"{c['mean']:.3f}" if math.isnan(c["ci95"]) else f"{c['mean']:.3f} ± {c['ci95']:.3f}"
+  return f"{value:{sign}.3f}" + ("" if math.isnan(ci95) else f" ± {ci95:.3f}")
+
+
+def _cell(c: dict) -> str:
+  """A ``mean_ci`` cell (n = 0 has a NaN mean: n/a)."""
+  return _fmt(c["mean"], c["ci95"])
 
 
 def baseline_row(base: dict) -> dict:
@@ -245,17 +255,9 @@ def final_table(fs: dict) -> str:
     lines += ["", f"| {PRIMARY} minus | " + " | ".join(f"{t} difference" for _, t in FINAL)
               + " |", "|" + "---|" * (1 + len(FINAL))]
     for arm, c in fs["contrasts"].items():
-      lines.append(f"| {arm} | " + " | ".join(_diff_cell(c[k]) for k, _ in FINAL) + " |")
+      lines.append(f"| {arm} | " + " | ".join(
+          _fmt(c[k]["diff"], c[k]["ci95"], "+") for k, _ in FINAL) + " |")
   return "\n".join(lines) + "\n"
-
-
-def _diff_cell(c: dict) -> str:
-  """A contrast cell: signed difference ± 95% CI half-width (the difference alone without
-  a CI, n/a for none)."""
-  if c["df"] == 0 and math.isnan(c["diff"]):
-    return "n/a"
-  return (f"{c['diff']:+.3f}" if math.isnan(c["ci95"])
-          else f"{c['diff']:+.3f} ± {c['ci95']:.3f}")
 
 
 def load_final(results_dir: str) -> dict | None:

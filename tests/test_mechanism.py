@@ -530,7 +530,8 @@ def test_report_table_is_computed_from_the_results(tmp_path):
   # Other records in the results folder are not runs.
   for name in ("warm_start", "agent_only", "diagnose", "spade-0-smoke", "summary"):
     (tmp_path / f"{name}.json").write_text(json.dumps({"build": {}, "levels": {}}))
-  (tmp_path / "README.md").write_text("x\n<!-- table -->\nold\n<!-- /table -->\ny\n")
+  (tmp_path / "README.md").write_text("x\n<!-- table -->\nold\n<!-- /table -->\n"
+                                      "<!-- runs -->\n<!-- /runs -->\ny\n")
   assert len(report.load(str(tmp_path))) == 6
   s = report.report(str(tmp_path), readme=str(tmp_path / "README.md"))
   # mean 0.4, sd 0.2, t(2) = 4.303: half-width 4.303 * 0.2 / sqrt(3)
@@ -586,6 +587,13 @@ def test_report_table_is_computed_from_the_results(tmp_path):
   assert c["ci95"] == pytest.approx(2.776 * math.sqrt(0.00125 * 2 / 3))
   assert "| static | +0.000 ± 0.000 | +0.100 ± 0.080 |" in (tmp_path / "final_table.md").read_text()
   assert "spade" not in s["final"]["contrasts"]
+  # One row per run: its final score and change, and its series' means.
+  row = {r["run"]: r for r in s["runs"]}["spade-1"]
+  assert row["final_harder"] == pytest.approx(0.3) and row["final_change"] == pytest.approx(0.05)
+  assert row["regret_mean"] == pytest.approx(0.1) and row["band_share"] == pytest.approx(0.25)
+  assert "| spade-1 | 3 | 0.300 | +0.050 | +0.100 | 0.250 | 1.000 | n/a | n/a |" in (
+      tmp_path / "runs_table.md").read_text()
+  assert "| static-2 | 3 | 0.200 | -0.050 |" in (tmp_path / "README.md").read_text()
   (tmp_path / "final_eval_16.json").write_text(json.dumps(dict(
       final, warm_start={"path": "/x", "sha256": "e" * 64})))
   with pytest.raises(ValueError, match="another warm start"):
@@ -617,6 +625,12 @@ def test_designed_levels_follow_the_memorys_programs(tmp_path):
   run = {"arm": "spade", "seed": 0, "iterations": 3,
          "series": {report.LEVEL: levels}}
   assert report.per_run(run)["level_trend"] == pytest.approx(10.0)
+  # The per-run table averages the first and last WINDOW iterations' levels.
+  run["series"][report.LEVEL] = [[i + 1, float(i)] for i in range(25)]
+  (row,) = report.run_rows([run])
+  assert row["level_first"] == pytest.approx(4.5) and row["level_last"] == pytest.approx(19.5)
+  assert row["final_harder"] is None and row["regret_mean"] is None
+  assert "| spade-0 | 3 | n/a | n/a | n/a | n/a | n/a | 4.50 | 19.50 |" in report.runs_table([row])
 
 
 def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):

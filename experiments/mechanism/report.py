@@ -3,8 +3,9 @@ r"""The mechanism experiment's table and plots, computed from the results JSON.
   python -m experiments.mechanism.report [--results=experiments/mechanism/results]
 
 Reads every ``<arm>-<seed>.json`` that ``run.py`` wrote (``collect``: one run's series),
-and writes ``summary.json``, ``table.md`` and the PNGs into the results directory, and the
-table into ``README.md`` between its ``<!-- table -->`` markers. Per arm, over seeds, mean
+and writes ``summary.json``, ``table.md``, ``runs_table.md`` and the PNGs into the results
+directory, and the tables into ``README.md`` between their ``<!-- table -->``,
+``<!-- runs -->`` and ``<!-- final -->`` markers. Per arm, over seeds, mean
 and 95% confidence interval (Student t, n - 1 degrees of freedom):
 
 * held-out success: ``eval/families/held_out/success`` at the run's last evaluation;
@@ -26,6 +27,11 @@ and each arm's mean change from the warm start; below it, ``spade`` minus each o
 the difference of the means and its 95% CI (two-sample Student t with pooled variance,
 n1 + n2 - 2 degrees of freedom; the experiment's question is whether regret-driven design
 beats the other arms).
+
+A third table, ``runs_table.md`` (and the README's ``<!-- runs -->`` block), has one row
+per run: its final-checkpoint harder-range success and change from the warm start, its
+mean regret, band share and designer valid rate over all iterations, and the mean designed
+level over its first and last ``WINDOW`` iterations.
 
 With ``warm_start_eval.json`` (``baseline.py``: the same evaluation of the shared starting
 weights) the table gains a ``warm start`` row, its two success columns measured at
@@ -260,6 +266,56 @@ def final_table(fs: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+WINDOW = 10  # iterations averaged at each end of a run in the per-run table
+
+
+def _window(points, first: bool) -> float | None:
+  """Mean of the first (or last) ``WINDOW`` iterations' values of [(step, value)]."""
+  pts = sorted(points)
+  pts = pts[:WINDOW] if first else pts[-WINDOW:]
+  return sum(v for _, v in pts) / len(pts) if pts else None
+
+
+def run_rows(results: list[dict], final: dict | None = None) -> list[dict]:
+  """One row per run (sorted by arm, then seed): the numbers the README's reading cites,
+  so that none of them is typed in. ``final``: a ``final_eval_<N>.json``, whose success
+  on the harder range (and change from its warm start) each run gets where it was
+  evaluated."""
+  runs = (final or {}).get("runs", {})
+  base = (final or {}).get("eval", {}).get("eval/families/harder/success")
+  rows = []
+  for r in sorted(results, key=lambda r: (r["arm"], r["seed"])):
+    s = r["series"]
+    avg = lambda k: (sum(v for _, v in s[k]) / len(s[k])) if s.get(k) else None
+    fe = runs.get(f"{r['arm']}-{r['seed']}", {}).get("eval", {})
+    harder = fe.get("eval/families/harder/success")
+    rows.append({"run": f"{r['arm']}-{r['seed']}", "iterations": r["iterations"],
+                 "final_harder": harder,
+                 "final_change": None if harder is None or base is None else harder - base,
+                 "regret_mean": avg("rewards/regret_mean"),
+                 "band_share": avg("rewards/win_rate_band_frac"),
+                 "valid_rate": avg("designer/valid_rate"),
+                 "level_first": _window(s.get(LEVEL, []), True),
+                 "level_last": _window(s.get(LEVEL, []), False)})
+  return rows
+
+
+def runs_table(rows: list[dict], limit: int | None = None) -> str:
+  """``run_rows`` as a markdown table."""
+  num = lambda v, sign="": "n/a" if v is None else f"{v:{sign}.3f}"
+  lvl = lambda v: "n/a" if v is None else f"{v:.2f}"
+  seeds = f" ({limit} seeds)" if limit else ""
+  lines = [f"| run | iterations | final harder-range success{seeds} | change from warm start "
+           f"| regret mean | envs in [0.4, 0.6] | designer valid rate | designed level, "
+           f"first {WINDOW} it | designed level, last {WINDOW} it |", "|" + "---|" * 9]
+  for r in rows:
+    lines.append(f"| {r['run']} | {r['iterations']} | {num(r['final_harder'])} | "
+                 f"{num(r['final_change'], '+')} | {num(r['regret_mean'], '+')} | "
+                 f"{num(r['band_share'])} | {num(r['valid_rate'])} | "
+                 f"{lvl(r['level_first'])} | {lvl(r['level_last'])} |")
+  return "\n".join(lines) + "\n"
+
+
 def load_final(results_dir: str) -> dict | None:
   """The ``final_eval_<N>.json`` with the largest N under ``results_dir``, or None."""
   found = []
@@ -383,11 +439,16 @@ def report(results_dir: str, readme: str | None = None) -> dict:
     summary["final"] = final_summary(final)
     with open(os.path.join(results_dir, "final_table.md"), "w") as f:
       f.write(final_table(summary["final"]))
+  summary["runs"] = run_rows(results, final)
+  runs_text = runs_table(summary["runs"], final and final["limit"])
+  with open(os.path.join(results_dir, "runs_table.md"), "w") as f:
+    f.write(runs_text)
   with open(os.path.join(results_dir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)
   plots(results, results_dir, base)
   if readme:
     write_readme_table(readme, text)
+    write_readme_table(readme, runs_text, "runs")
     if final is not None:
       write_readme_table(readme, final_table(summary["final"]), "final")
   return summary

@@ -610,6 +610,26 @@ def test_report_table_is_computed_from_the_results(tmp_path):
     report.report(str(tmp_path))
 
 
+def test_report_cli_prints_the_table_and_names_a_missing_results_dir(tmp_path):
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  cli = [sys.executable, "-m", "experiments.mechanism.report", f"--results={tmp_path}"]
+  r = subprocess.run(cli, capture_output=True, text=True, cwd=root, timeout=300)
+  # Nothing to report: one line that says what to run, no traceback.
+  assert r.returncode == 1 and "run --arm=" in r.stderr and "Traceback" not in r.stderr
+  for seed in (0, 1):
+    (tmp_path / f"static-{seed}.json").write_text(json.dumps({
+        "arm": "static", "seed": seed, "iterations": 2, "series": {
+            "eval/families/harder/success": [[2, 0.25 * (seed + 1)]],
+            "rewards/win_rate_band_frac": [[1, 0.5], [2, 0.0]]}}))
+  r = subprocess.run(cli, capture_output=True, text=True, cwd=root, timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert "| static | 2 | 2-2 | n/a | 0.375 ± 1.588 |" in r.stdout  # t(1) 12.706 * 0.125
+  assert (tmp_path / "runs_table.md").read_text().count("| static-") == 2
+  assert (tmp_path / "eval_families_harder_success.png").is_file()
+
+
 def test_designed_levels_follow_the_memorys_programs(tmp_path):
   from spade_jax.envs.families import FAMILIES
   fams = sorted(FAMILIES)[:2]

@@ -460,7 +460,10 @@ def main(argv):
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   results_dir = _RESULTS.value or common.RESULTS
   readme = os.path.join(common.HERE, "README.md") if not _RESULTS.value else None
-  report(results_dir, readme)
+  try:
+    report(results_dir, readme)
+  except (FileNotFoundError, ValueError) as e:  # no runs, or runs that are not comparable
+    sys.exit(f"report: {e}")
   print(open(os.path.join(results_dir, "table.md")).read())
 
 

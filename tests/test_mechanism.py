@@ -541,8 +541,15 @@ def test_report_table_is_computed_from_the_results(tmp_path):
   # regret slopes 0, 0.1, 0.2 per iteration -> per 10 iterations 0, 1, 2 -> mean 1
   assert s["spade"]["regret_trend"]["mean"] == pytest.approx(1.0)
   assert s["spade"]["band_share"]["mean"] == pytest.approx(0.25)
+  # spade minus static, per column: held-out 0.4 - 0.1, pooled variance (0.08 + 0) / 4
+  # over 1/3 + 1/3, t(4) = 2.776; equal band shares differ by 0 with no spread.
+  c = s["contrasts"]["static"]
+  assert c["held_out"]["diff"] == pytest.approx(0.3) and c["held_out"]["df"] == 4
+  assert c["held_out"]["ci95"] == pytest.approx(2.776 * math.sqrt(0.02 * 2 / 3))
+  assert c["band_share"]["diff"] == pytest.approx(0.0) and c["valid_rate"]["df"] == 4
   readme = (tmp_path / "README.md").read_text()
   assert "old" not in readme and "| spade | 3 |" in readme and readme.endswith("y\n")
+  assert "| static | +0.300 ± 0.321 | n/a |" in readme  # no harder series: n/a
   assert (tmp_path / "eval_families_held_out_success.png").is_file()
   # The warm start's evaluation adds its row (success columns only) and must share the
   # runs' weights.

@@ -20,6 +20,9 @@ and 95% confidence interval (Student t, n - 1 degrees of freedom):
   from the run's ``memory.json`` (arms with a designer). Memory merges a re-submitted
   program into one record at its latest iteration, so a repeat counts once, there.
 
+Below that table, ``spade`` minus each other arm in every column: the difference of the
+arms' means over seeds and its 95% CI (``contrast``, as for the final checkpoints below).
+
 With ``final_eval_<N>.json`` (``final_eval.py``: each finished run's last checkpoint and
 the warm start on N seeds per family and level; the largest N present) a second table gives
 held-out and harder-range success of the final weights per arm, mean and 95% CI over seeds,
@@ -176,6 +179,31 @@ def summarize(results: list[dict]) -> dict:
   return out
 
 
+def arm_contrasts(results: list[dict]) -> dict:
+  """Arm -> column -> {diff, ci95, df}: ``PRIMARY``'s per-run values minus the arm's
+  (``contrast``), for every column of the per-arm table; {} without a ``PRIMARY`` run."""
+  runs = collections.defaultdict(list)
+  for r in results:
+    runs[r["arm"]].append(per_run(r))
+  if PRIMARY not in runs:
+    return {}
+  return {arm: {key: dict(zip(("diff", "ci95", "df"), contrast(
+      [p[key] for p in runs[PRIMARY]], [p[key] for p in ps]))) for key, _ in COLUMNS}
+          for arm, ps in sorted(runs.items()) if arm != PRIMARY}
+
+
+def contrast_table(contrasts: dict, columns=None) -> str:
+  """``arm_contrasts`` (or ``final_summary``'s) as a markdown table: one row per arm,
+  ``PRIMARY`` minus it in each of ``columns`` ([(key, title)], default ``COLUMNS``)."""
+  columns = COLUMNS if columns is None else columns
+  lines = [f"| {PRIMARY} minus | " + " | ".join(t for _, t in columns) + " |",
+           "|" + "---|" * (1 + len(columns))]
+  for arm, c in contrasts.items():
+    lines.append(f"| {arm} | " + " | ".join(
+        _fmt(c[k]["diff"], c[k]["ci95"], "+") for k, _ in columns) + " |")
+  return "\n".join(lines) + "\n"
+
+
 def _fmt(value: float, ci95: float, sign: str = "") -> str:
   """A table cell: value ± 95% CI half-width, the value alone without a CI, n/a without a
   value (``sign="+"``: signed, for differences)."""
@@ -257,13 +285,10 @@ def final_table(fs: dict) -> str:
     lines.append(f"| {arm} | {len(row['seeds'])} | {steps} | " + " | ".join(
         f"{_cell(row[k])} | " + ("n/a" if row[k]["change"] is None
                                else f"{row[k]['change']:+.3f}") for k, _ in FINAL) + " |")
+  text = "\n".join(lines) + "\n"
   if fs.get("contrasts"):
-    lines += ["", f"| {PRIMARY} minus | " + " | ".join(f"{t} difference" for _, t in FINAL)
-              + " |", "|" + "---|" * (1 + len(FINAL))]
-    for arm, c in fs["contrasts"].items():
-      lines.append(f"| {arm} | " + " | ".join(
-          _fmt(c[k]["diff"], c[k]["ci95"], "+") for k, _ in FINAL) + " |")
-  return "\n".join(lines) + "\n"
+    text += "\n" + contrast_table(fs["contrasts"], [(k, f"{t} difference") for k, t in FINAL])
+  return text
 
 
 WINDOW = 10  # iterations averaged at each end of a run in the per-run table
@@ -431,10 +456,14 @@ def report(results_dir: str, readme: str | None = None) -> dict:
   summary = summarize(results)
   base_row = baseline_row(base) if base is not None else None
   text = table(summary, base_row)
+  contrasts = arm_contrasts(results)
+  if contrasts:
+    text += "\n" + contrast_table(contrasts)
   with open(os.path.join(results_dir, "table.md"), "w") as f:
     f.write(text)
   if base_row is not None:
     summary["warm start"] = base_row
+  summary["contrasts"] = contrasts
   if final is not None:
     summary["final"] = final_summary(final)
     with open(os.path.join(results_dir, "final_table.md"), "w") as f:

@@ -601,6 +601,24 @@ def test_report_table_is_computed_from_the_results(tmp_path):
   assert "| spade-1 | 3 | 0.300 | +0.050 | +0.100 | 0.250 | 1.000 | n/a | n/a |" in (
       tmp_path / "runs_table.md").read_text()
   assert "| static-2 | 3 | 0.200 | -0.050 |" in (tmp_path / "README.md").read_text()
+  # The seen families at the designers' levels (final_eval --levels): the same table for
+  # their mean success.
+  key = "eval/families/seen_levels/success"
+  lv = dict(final, levels=[1, 2], eval={key: 0.5}, runs={
+      name: dict(r, eval={key: 0.6 if r["arm"] == "spade" else 0.55})
+      for name, r in final["runs"].items()})
+  (tmp_path / "final_eval_16_levels_1-2.json").write_text(json.dumps(lv))
+  s = report.report(str(tmp_path), readme=str(tmp_path / "README.md"))
+  row = s["final_levels"]["levels 1-2"]["arms"]["spade"][key]
+  assert row["mean"] == pytest.approx(0.6) and row["change"] == pytest.approx(0.1)
+  text = (tmp_path / "final_levels_table.md").read_text()
+  assert "| warm start | - | 0 | 0.500 | - |" in text
+  assert "| static | +0.050 ± 0.000 |" in text
+  (tmp_path / "final_eval_16_levels_1-2.json").write_text(json.dumps(dict(
+      lv, warm_start={"path": "/x", "sha256": "e" * 64})))
+  with pytest.raises(ValueError, match="levels"):
+    report.report(str(tmp_path))
+  (tmp_path / "final_eval_16_levels_1-2.json").unlink()
   (tmp_path / "final_eval_16.json").write_text(json.dumps(dict(
       final, warm_start={"path": "/x", "sha256": "e" * 64})))
   with pytest.raises(ValueError, match="another warm start"):
@@ -635,6 +653,23 @@ def test_report_cli_prints_the_table_and_names_a_missing_results_dir(tmp_path):
   assert "| static | 2 | 2-2 | n/a | 0.375 ± 1.588 |" in r.stdout  # t(1) 12.706 * 0.125
   assert (tmp_path / "runs_table.md").read_text().count("| static-") == 2
   assert (tmp_path / "eval_families_harder_success.png").is_file()
+
+
+def test_final_eval_levels_pick_the_seen_families():
+  from experiments.mechanism import final_eval
+  assert final_eval.parse_levels("") is None and final_eval.parse_levels("3") == (3, 3)
+  assert final_eval.parse_levels("1-2") == (1, 2)
+  for bad in ("2-1", "0-5", "x", "1-"):
+    with pytest.raises(ValueError, match="--levels"):
+      final_eval.parse_levels(bad)
+  items = final_eval.seen_levels_items((1, 2)).split(",")
+  assert len(items) == len(common.seen_families()) and "ordering:1-2" in items
+  assert not any(i.startswith(common.HELD_OUT) for i in items)
+  scores = {"eval/families/success/ordering/1": 0.5, "eval/families/success/ordering/2": 0.0,
+            f"eval/families/success/{common.HELD_OUT}/1": 1.0, "eval/families/failed": 0.0}
+  assert final_eval.with_seen_levels(scores)[final_eval.SEEN_LEVELS] == pytest.approx(0.25)
+  assert final_eval.with_seen_levels({"eval/families/failed": 0.0}) == {
+      "eval/families/failed": 0.0}
 
 
 def test_designed_levels_follow_the_memorys_programs(tmp_path):
@@ -785,6 +820,14 @@ def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):
   assert final_eval.evaluate_runs(limit=1, runs={"static-0": str(tmp_path / "run")},
                                   smoke=True, results=str(tmp_path / "base")) == fpath
   assert json.load(open(fpath)) == fin  # nothing new: left as it was
+  # At the designers' levels: every seen family at level 1, in its own file.
+  lpath = final_eval.evaluate_runs(limit=1, runs={"static-0": str(tmp_path / "run")},
+                                   smoke=True, results=str(tmp_path / "base"), levels=(1, 1))
+  lv = json.load(open(lpath))
+  assert lpath.endswith("final_eval_1_levels_1-1.json") and lv["levels"] == [1, 1]
+  played = {k.split("/")[3] for k in lv["runs"]["static-0"]["eval"] if "/success/" in k}
+  assert played == set(common.seen_families())
+  assert 0.0 <= lv["eval"][final_eval.SEEN_LEVELS] <= 1.0
   elsewhere = tmp_path / "elsewhere"
   elsewhere.mkdir()
   (elsewhere / "config.json").write_text("{}")

@@ -10,6 +10,14 @@ and on the latest checkpoint of every finished run in ``$SPADE_JAX_CACHE/mechani
 and writes ``results/final_eval_<limit>.json``. It is resumable: a run already in the file
 at the same step is not evaluated again, and the file is rewritten after each run.
 ``report.py`` turns it into the "final checkpoints" table.
+
+  python -m experiments.mechanism.final_eval --levels=1-2
+
+plays the seen families at those levels instead (the held-out family left out) and writes
+``results/final_eval_<limit>_levels_<lo>-<hi>.json``, with their mean success as
+``eval/families/seen_levels/success``. The arms' own evaluation looks only at levels 3-4,
+above what the designers write (levels 1-2 on average), so this asks whether an arm's
+agent improved where it trained.
 """
 
 from __future__ import annotations
@@ -26,8 +34,42 @@ from absl import flags
 FINAL_SEEDS = 16
 
 
-def path_for(results_dir: str, limit: int) -> str:
-  return os.path.join(results_dir, f"final_eval_{limit}.json")
+SEEN_LEVELS = "eval/families/seen_levels/success"  # mean over the --levels items
+
+
+def path_for(results_dir: str, limit: int, levels: tuple[int, int] | None = None) -> str:
+  tail = f"_levels_{levels[0]}-{levels[1]}" if levels else ""
+  return os.path.join(results_dir, f"final_eval_{limit}{tail}.json")
+
+
+def parse_levels(text: str) -> tuple[int, int] | None:
+  """``"1-2"`` -> (1, 2), ``"3"`` -> (3, 3), ``""`` -> None (the suite's own items)."""
+  if not text:
+    return None
+  lo, dash, hi = text.partition("-")
+  try:
+    got = (int(lo), int(hi if dash else lo))
+  except ValueError:
+    got = None
+  if got is None or not 0 <= got[0] <= got[1] <= 4:
+    raise ValueError(f"--levels={text!r}; give a level or a range within 0-4, e.g. "
+                     "--levels=1-2.")
+  return got
+
+
+def seen_levels_items(levels: tuple[int, int]) -> str:
+  """The ``families`` suite's items: every seen family at ``levels`` (inclusive)."""
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  return ",".join(f"{f}:{levels[0]}-{levels[1]}" for f in sorted(common.seen_families()))
+
+
+def with_seen_levels(scores: dict[str, float]) -> dict[str, float]:
+  """``scores`` plus ``SEEN_LEVELS``, the mean of its seen families' per-item success
+  (every item plays the same number of seeds, so that is the mean over plays)."""
+  from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
+  items = [v for k, v in scores.items() if k.startswith("eval/families/success/")
+           and k.split("/")[3] != common.HELD_OUT]
+  return dict(scores, **{SEEN_LEVELS: sum(items) / len(items)}) if items else scores
 
 
 def finished_runs(results_dir: str, want: int) -> dict[str, str]:
@@ -48,15 +90,22 @@ def save_json(path: str, data: dict) -> None:
   os.replace(path + ".tmp", path)
 
 
-def arm_config(*, smoke: bool = False, start: str = "", limit: int = 0):
+def arm_config(*, smoke: bool = False, start: str = "", limit: int = 0,
+               levels: tuple[int, int] | None = None):
   """The arms' config (their ``eval`` section is shared) and its warm start's HF directory;
-  ``limit``: seeds per family and level (0: the arms' own)."""
+  ``limit``: seeds per family and level (0: the arms' own); ``levels``: play the seen
+  families at those levels instead of the suite's items."""
   from experiments.mechanism import config  # pylint: disable=g-import-not-at-top
   cfg = config.get_config("arm=spade,seed=0" + (",smoke" if smoke else "") +
                           (f",warm_start={start}" if start else ""))
+  families = {}
   if limit:
     cfg.eval.limit = limit
-    cfg.eval.overrides = {"families": {"seeds": limit}}  # the suite's default is 8 seeds
+    families["seeds"] = limit  # the suite's default is 8 seeds
+  if levels:
+    families["families"] = seen_levels_items(levels)
+  if families:
+    cfg.eval.overrides = {"families": families}
   hf = cfg.model.init_from.removeprefix("hf:")
   if not os.path.isfile(os.path.join(hf, "config.json")):
     raise FileNotFoundError(f"No warm start at {hf}; build it with `python -m "
@@ -88,21 +137,26 @@ def evaluator(cfg):
 
 
 def evaluate_runs(*, limit: int = FINAL_SEEDS, runs: dict[str, str] | None = None,
-                  smoke: bool = False, start: str = "", results: str = "") -> str:
+                  smoke: bool = False, start: str = "", results: str = "",
+                  levels: tuple[int, int] | None = None) -> str:
   """Evaluates the warm start and ``runs`` (name -> workdir; default every finished run);
-  returns the JSON's path."""
+  ``levels``: the seen families at those levels instead of the suite's items. Returns the
+  JSON's path."""
   from experiments.mechanism import common  # pylint: disable=g-import-not-at-top
   if limit < 1:
     raise ValueError(f"--limit={limit}; give at least 1 seed per family and level.")
-  cfg, hf = arm_config(smoke=smoke, start=start, limit=limit)
+  cfg, hf = arm_config(smoke=smoke, start=start, limit=limit, levels=levels)
   digest = common.weights_digest(hf)
   out_dir = results or common.RESULTS
   os.makedirs(out_dir, exist_ok=True)
-  path = path_for(out_dir, limit)
+  path = path_for(out_dir, limit, levels)
   if runs is None:
     runs = finished_runs(out_dir, cfg.iterations)
   data = {"limit": limit, "suites": cfg.eval.suites,
           "warm_start": {"path": os.path.abspath(hf), "sha256": digest}, "runs": {}}
+  if levels:
+    data["levels"] = list(levels)
+  score = with_seen_levels if levels else dict
   if os.path.isfile(path):
     with open(path) as f:
       data = json.load(f)
@@ -128,13 +182,14 @@ def evaluate_runs(*, limit: int = FINAL_SEEDS, runs: dict[str, str] | None = Non
   with evaluator(cfg) as evaluate:
     if "eval" not in data:
       print(f"warm start: {limit} seeds per family and level", flush=True)
-      data["eval"], _ = evaluate()
+      scores, _ = evaluate()
+      data["eval"] = score(scores)
       save_json(path, data)
     for i, (name, (wd, step)) in enumerate(todo.items()):
       print(f"[{i + 1}/{len(todo)}] {name} step {step}", flush=True)
       scores, got = evaluate(wd, step)
       arm, seed = name.rsplit("-", 1)
-      data["runs"][name] = {"arm": arm, "seed": int(seed), "step": got, "eval": scores}
+      data["runs"][name] = {"arm": arm, "seed": int(seed), "step": got, "eval": score(scores)}
       save_json(path, data)
   print(f"wrote {path}", flush=True)
   return path
@@ -149,8 +204,12 @@ def _latest(wd: str) -> int | None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+  try:
+    levels = parse_levels(_LEVELS.value)
+  except ValueError as e:
+    raise app.UsageError(str(e)) from None
   evaluate_runs(limit=_LIMIT.value, smoke=_SMOKE.value, start=_START.value,
-                results=_RESULTS.value)
+                results=_RESULTS.value, levels=levels)
 
 
 def start_flags():
@@ -163,8 +222,10 @@ def start_flags():
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _LIMIT, _SMOKE, _START, _RESULTS
+  global _LIMIT, _SMOKE, _START, _RESULTS, _LEVELS
   _LIMIT = flags.DEFINE_integer("limit", FINAL_SEEDS, "Seeds per family and level.")
+  _LEVELS = flags.DEFINE_string("levels", "", "Play the seen families at these levels "
+                                "(e.g. 1-2) instead of the held-out family and levels 3-4.")
   _SMOKE, _START, _RESULTS = start_flags()
 
 

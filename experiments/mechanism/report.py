@@ -31,6 +31,10 @@ the difference of the means and its 95% CI (two-sample Student t with pooled var
 n1 + n2 - 2 degrees of freedom; the experiment's question is whether regret-driven design
 beats the other arms).
 
+With ``final_eval_<N>_levels_<lo>-<hi>.json`` (``final_eval --levels``: the seen
+families at the levels the designers write) the same table for their mean success,
+``final_levels_table.md`` (README: ``<!-- final_levels -->``).
+
 A third table, ``runs_table.md`` (and the README's ``<!-- runs -->`` block), has one row
 per run: its final-checkpoint harder-range success and change from the warm start, its
 mean regret, band share and designer valid rate over all iterations, and the mean designed
@@ -247,23 +251,24 @@ FINAL = (("eval/families/held_out/success", "held-out"),
          ("eval/families/harder/success", "harder-range"))
 
 
-def final_summary(final: dict) -> dict:
+def final_summary(final: dict, metrics=FINAL) -> dict:
   """Arm -> {seeds, step, per metric: mean/ci95/n over seeds and the change from the warm
-  start}, plus the warm start's own scores, from a ``final_eval_<N>.json``."""
+  start}, plus the warm start's own scores, from a ``final_eval_<N>.json``; ``metrics``:
+  [(score key, title)]."""
   by_arm = collections.defaultdict(list)
   for r in final["runs"].values():
     by_arm[r["arm"]].append(r)
   out = {"limit": final["limit"],
-         "warm start": {k: final.get("eval", {}).get(k) for k, _ in FINAL}, "arms": {},
+         "warm start": {k: final.get("eval", {}).get(k) for k, _ in metrics}, "arms": {},
          "contrasts": {}}
   values = lambda arm, k: [r["eval"].get(k) for r in by_arm[arm]]
   for arm in sorted(by_arm):
     if arm != PRIMARY and PRIMARY in by_arm:
       out["contrasts"][arm] = {k: dict(zip(("diff", "ci95", "df"), contrast(
-          values(PRIMARY, k), values(arm, k)))) for k, _ in FINAL}
+          values(PRIMARY, k), values(arm, k)))) for k, _ in metrics}
   for arm, rs in sorted(by_arm.items()):
     row = {"seeds": sorted(r["seed"] for r in rs), "steps": sorted({r["step"] for r in rs})}
-    for k, _ in FINAL:
+    for k, _ in metrics:
       m, ci, n = mean_ci([r["eval"].get(k) for r in rs])
       base = out["warm start"][k]
       row[k] = {"mean": m, "ci95": ci, "n": n,
@@ -272,22 +277,22 @@ def final_summary(final: dict) -> dict:
   return out
 
 
-def final_table(fs: dict) -> str:
+def final_table(fs: dict, metrics=FINAL) -> str:
   """``final_summary`` as a markdown table."""
   cells = lambda v: "n/a" if v is None else f"{v:.3f}"
   head = ("| arm | seeds | step | " + " | ".join(
-      f"{t} success | {t} change" for _, t in FINAL) + " |")
-  lines = [head, "|" + "---|" * (3 + 2 * len(FINAL))]
+      f"{t} success | {t} change" for _, t in metrics) + " |")
+  lines = [head, "|" + "---|" * (3 + 2 * len(metrics))]
   lines.append("| warm start | - | 0 | " + " | ".join(
-      f"{cells(fs['warm start'][k])} | -" for k, _ in FINAL) + " |")
+      f"{cells(fs['warm start'][k])} | -" for k, _ in metrics) + " |")
   for arm, row in fs["arms"].items():
     steps = "/".join(map(str, row["steps"]))
     lines.append(f"| {arm} | {len(row['seeds'])} | {steps} | " + " | ".join(
         f"{_cell(row[k])} | " + ("n/a" if row[k]["change"] is None
-                               else f"{row[k]['change']:+.3f}") for k, _ in FINAL) + " |")
+                               else f"{row[k]['change']:+.3f}") for k, _ in metrics) + " |")
   text = "\n".join(lines) + "\n"
   if fs.get("contrasts"):
-    text += "\n" + contrast_table(fs["contrasts"], [(k, f"{t} difference") for k, t in FINAL])
+    text += "\n" + contrast_table(fs["contrasts"], [(k, f"{t} difference") for k, t in metrics])
   return text
 
 
@@ -352,6 +357,29 @@ def load_final(results_dir: str) -> dict | None:
     return None
   with open(max(found)[1]) as f:
     return json.load(f)
+
+
+def load_final_levels(results_dir: str) -> list[dict]:
+  """Every ``final_eval_<N>_levels_<lo>-<hi>.json`` (``final_eval --levels``) under
+  ``results_dir``, by level range; of several N for one range, the largest."""
+  best = {}
+  for path in glob.glob(os.path.join(results_dir, "final_eval_*_levels_*.json")):
+    m = re.fullmatch(r"final_eval_(\d+)_levels_(\d)-(\d)\.json", os.path.basename(path))
+    if m:
+      key = (int(m.group(2)), int(m.group(3)))
+      best[key] = max(best.get(key, (0, "")), (int(m.group(1)), path))
+  out = []
+  for key in sorted(best):
+    with open(best[key][1]) as f:
+      out.append(json.load(f))
+  return out
+
+
+def levels_metrics(final: dict) -> list[tuple[str, str]]:
+  """The one metric of a ``final_eval --levels`` file: the seen families' mean success."""
+  from experiments.mechanism import final_eval  # pylint: disable=g-import-not-at-top
+  lo, hi = final["levels"]
+  return [(final_eval.SEEN_LEVELS, f"levels {lo}-{hi}" if hi > lo else f"level {lo}")]
 
 
 def plots(results: list[dict], out_dir: str, base: dict | None = None) -> list[str]:
@@ -446,9 +474,12 @@ def report(results_dir: str, readme: str | None = None) -> dict:
                          f"{d[:12]}: {', '.join(runs)}" for d, runs in starts.items()) +
                      ". Rerun the odd ones from the same --warm_start or move them aside.")
   base, final = load_baseline(results_dir), load_final(results_dir)
+  by_levels = load_final_levels(results_dir)
   for rec, name, fix in ((base, "warm_start_eval.json", "rerun `python -m "
                           "experiments.mechanism.baseline` or move it aside"),
-                         (final, "final_eval_<N>.json", "move it aside")):
+                         (final, "final_eval_<N>.json", "move it aside")) + tuple(
+                             (f, "final_eval_<N>_levels_<lo>-<hi>.json", "move it aside")
+                             for f in by_levels):
     if rec is not None and starts and rec["warm_start"]["sha256"] not in starts:
       raise ValueError(f"{results_dir}: {name} evaluated other weights "
                        f"({rec['warm_start']['sha256'][:12]}) than the runs began from "
@@ -468,6 +499,15 @@ def report(results_dir: str, readme: str | None = None) -> dict:
     summary["final"] = final_summary(final)
     with open(os.path.join(results_dir, "final_table.md"), "w") as f:
       f.write(final_table(summary["final"]))
+  levels_text = ""
+  for f in by_levels:
+    m = levels_metrics(f)
+    fs = final_summary(f, m)
+    summary.setdefault("final_levels", {})[m[0][1]] = fs
+    levels_text += ("\n" if levels_text else "") + final_table(fs, m)
+  if levels_text:
+    with open(os.path.join(results_dir, "final_levels_table.md"), "w") as f:
+      f.write(levels_text)
   summary["runs"] = run_rows(results, final)
   runs_text = runs_table(summary["runs"], final and final["limit"])
   with open(os.path.join(results_dir, "runs_table.md"), "w") as f:
@@ -480,6 +520,8 @@ def report(results_dir: str, readme: str | None = None) -> dict:
     write_readme_table(readme, runs_text, "runs")
     if final is not None:
       write_readme_table(readme, final_table(summary["final"]), "final")
+    if levels_text:
+      write_readme_table(readme, levels_text, "final_levels")
   return summary
 
 

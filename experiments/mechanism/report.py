@@ -145,11 +145,17 @@ def slope(points) -> float | None:
   return sum((p[0] - mx) * (p[1] - my) for p in points) / sxx
 
 
+def _series_mean(series: dict, key: str) -> float | None:
+  """Mean over iterations of ``series[key]`` ([(step, value)]), None without it."""
+  pts = series.get(key)
+  return sum(v for _, v in pts) / len(pts) if pts else None
+
+
 def per_run(result: dict) -> dict:
   """The table's quantities for one run (None where the run has no data)."""
   s = result["series"]
   last = lambda k: s[k][-1][1] if s.get(k) else None
-  avg = lambda k: sum(v for _, v in s[k]) / len(s[k]) if s.get(k) else None
+  avg = lambda k: _series_mean(s, k)
   trend = slope(s.get("rewards/regret_mean", []))
   level_trend = slope(s.get(LEVEL, []))
   return {"held_out": last("eval/families/held_out/success"),
@@ -183,17 +189,23 @@ def summarize(results: list[dict]) -> dict:
   return out
 
 
+def primary_minus(by_arm: dict[str, list[dict]], keys) -> dict:
+  """Arm -> key -> {diff, ci95, df}: ``PRIMARY``'s values minus the arm's (``contrast``);
+  ``by_arm``: arm -> one {key: value} per run; {} without a ``PRIMARY`` run."""
+  if PRIMARY not in by_arm:
+    return {}
+  values = lambda arm, k: [v.get(k) for v in by_arm[arm]]
+  return {arm: {k: dict(zip(("diff", "ci95", "df"), contrast(values(PRIMARY, k),
+                                                             values(arm, k)))) for k in keys}
+          for arm in sorted(by_arm) if arm != PRIMARY}
+
+
 def arm_contrasts(results: list[dict]) -> dict:
-  """Arm -> column -> {diff, ci95, df}: ``PRIMARY``'s per-run values minus the arm's
-  (``contrast``), for every column of the per-arm table; {} without a ``PRIMARY`` run."""
+  """``primary_minus`` for every column of the per-arm table, on the runs' ``per_run``."""
   runs = collections.defaultdict(list)
   for r in results:
     runs[r["arm"]].append(per_run(r))
-  if PRIMARY not in runs:
-    return {}
-  return {arm: {key: dict(zip(("diff", "ci95", "df"), contrast(
-      [p[key] for p in runs[PRIMARY]], [p[key] for p in ps]))) for key, _ in COLUMNS}
-          for arm, ps in sorted(runs.items()) if arm != PRIMARY}
+  return primary_minus(runs, [k for k, _ in COLUMNS])
 
 
 def contrast_table(contrasts: dict, columns=None) -> str:
@@ -260,12 +272,8 @@ def final_summary(final: dict, metrics=FINAL) -> dict:
     by_arm[r["arm"]].append(r)
   out = {"limit": final["limit"],
          "warm start": {k: final.get("eval", {}).get(k) for k, _ in metrics}, "arms": {},
-         "contrasts": {}}
-  values = lambda arm, k: [r["eval"].get(k) for r in by_arm[arm]]
-  for arm in sorted(by_arm):
-    if arm != PRIMARY and PRIMARY in by_arm:
-      out["contrasts"][arm] = {k: dict(zip(("diff", "ci95", "df"), contrast(
-          values(PRIMARY, k), values(arm, k)))) for k, _ in metrics}
+         "contrasts": primary_minus({a: [r["eval"] for r in rs] for a, rs in by_arm.items()},
+                                    [k for k, _ in metrics])}
   for arm, rs in sorted(by_arm.items()):
     row = {"seeds": sorted(r["seed"] for r in rs), "steps": sorted({r["step"] for r in rs})}
     for k, _ in metrics:
@@ -316,7 +324,7 @@ def run_rows(results: list[dict], final: dict | None = None) -> list[dict]:
   rows = []
   for r in sorted(results, key=lambda r: (r["arm"], r["seed"])):
     s = r["series"]
-    avg = lambda k: (sum(v for _, v in s[k]) / len(s[k])) if s.get(k) else None
+    avg = lambda k, s=s: _series_mean(s, k)
     fe = runs.get(f"{r['arm']}-{r['seed']}", {}).get("eval", {})
     harder = fe.get("eval/families/harder/success")
     rows.append({"run": f"{r['arm']}-{r['seed']}", "iterations": r["iterations"],
@@ -346,33 +354,34 @@ def runs_table(rows: list[dict], limit: int | None = None) -> str:
   return "\n".join(lines) + "\n"
 
 
+def _final_files(results_dir: str) -> dict:
+  """Level range ((lo, hi), or None for the suite's own items) -> the path of its
+  ``final_eval_<N>[_levels_<lo>-<hi>].json`` with the largest N under ``results_dir``."""
+  best = {}
+  for path in glob.glob(os.path.join(results_dir, "final_eval_*.json")):
+    m = re.fullmatch(r"final_eval_(\d+)(?:_levels_(\d)-(\d))?\.json", os.path.basename(path))
+    if m:
+      key = (int(m.group(2)), int(m.group(3))) if m.group(2) else None
+      best[key] = max(best.get(key, (0, "")), (int(m.group(1)), path))
+  return {key: path for key, (_, path) in best.items()}
+
+
+def _read(path: str) -> dict:
+  with open(path) as f:
+    return json.load(f)
+
+
 def load_final(results_dir: str) -> dict | None:
   """The ``final_eval_<N>.json`` with the largest N under ``results_dir``, or None."""
-  found = []
-  for path in glob.glob(os.path.join(results_dir, "final_eval_*.json")):
-    m = re.fullmatch(r"final_eval_(\d+)\.json", os.path.basename(path))
-    if m:
-      found.append((int(m.group(1)), path))
-  if not found:
-    return None
-  with open(max(found)[1]) as f:
-    return json.load(f)
+  path = _final_files(results_dir).get(None)
+  return _read(path) if path else None
 
 
 def load_final_levels(results_dir: str) -> list[dict]:
   """Every ``final_eval_<N>_levels_<lo>-<hi>.json`` (``final_eval --levels``) under
   ``results_dir``, by level range; of several N for one range, the largest."""
-  best = {}
-  for path in glob.glob(os.path.join(results_dir, "final_eval_*_levels_*.json")):
-    m = re.fullmatch(r"final_eval_(\d+)_levels_(\d)-(\d)\.json", os.path.basename(path))
-    if m:
-      key = (int(m.group(2)), int(m.group(3)))
-      best[key] = max(best.get(key, (0, "")), (int(m.group(1)), path))
-  out = []
-  for key in sorted(best):
-    with open(best[key][1]) as f:
-      out.append(json.load(f))
-  return out
+  files = _final_files(results_dir)
+  return [_read(files[key]) for key in sorted(k for k in files if k is not None)]
 
 
 def levels_metrics(final: dict) -> list[tuple[str, str]]:

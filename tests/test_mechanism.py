@@ -592,7 +592,8 @@ def test_report_table_is_computed_from_the_results(tmp_path):
   c = s["final"]["contrasts"]["static"]["eval/families/harder/success"]
   assert c["diff"] == pytest.approx(0.1) and c["df"] == 4
   assert c["ci95"] == pytest.approx(2.776 * math.sqrt(0.00125 * 2 / 3))
-  assert "| static | +0.000 ± 0.000 | +0.100 ± 0.080 |" in (tmp_path / "final_table.md").read_text()
+  assert "| static | +0.000 ± 0.000 | +0.100 ± 0.080 |" in (
+      tmp_path / "final_table.md").read_text()
   assert "spade" not in s["final"]["contrasts"]
   # One row per run: its final score and change, and its series' means.
   row = {r["run"]: r for r in s["runs"]}["spade-1"]

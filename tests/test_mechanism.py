@@ -522,6 +522,7 @@ def test_report_table_is_computed_from_the_results(tmp_path):
         "eval/families/held_out/success": [[2, 0.0], [3, held]],
         "rewards/regret_mean": [[1, 0.0], [2, 0.1 * seed], [3, 0.2 * seed]],
         "rewards/win_rate_band_frac": [[1, 0.5], [2, 0.25], [3, 0.0]],
+        "rewards/win_rate_mean": [[1, 0.3], [2, 0.6], [3, 0.3]],
         "designer/valid_rate": [[1, 1.0]]}}
   for arm, held in (("spade", (0.2, 0.4, 0.6)), ("static", (0.1, 0.1, 0.1))):
     for seed, h in enumerate(held):
@@ -599,7 +600,8 @@ def test_report_table_is_computed_from_the_results(tmp_path):
   row = {r["run"]: r for r in s["runs"]}["spade-1"]
   assert row["final_harder"] == pytest.approx(0.3) and row["final_change"] == pytest.approx(0.05)
   assert row["regret_mean"] == pytest.approx(0.1) and row["band_share"] == pytest.approx(0.25)
-  assert "| spade-1 | 3 | 0.300 | +0.050 | +0.100 | 0.250 | 1.000 | n/a | n/a |" in (
+  assert row["win_rate"] == pytest.approx(0.4)
+  assert "| spade-1 | 3 | 0.300 | +0.050 | +0.100 | 0.400 | 0.250 | 1.000 | n/a | n/a |" in (
       tmp_path / "runs_table.md").read_text()
   assert "| static-2 | 3 | 0.200 | -0.050 |" in (tmp_path / "README.md").read_text()
   # The seen families at the designers' levels (final_eval --levels): the same table for
@@ -693,7 +695,8 @@ def test_designed_levels_follow_the_memorys_programs(tmp_path):
   (row,) = report.run_rows([run])
   assert row["level_first"] == pytest.approx(4.5) and row["level_last"] == pytest.approx(19.5)
   assert row["final_harder"] is None and row["regret_mean"] is None
-  assert "| spade-0 | 3 | n/a | n/a | n/a | n/a | n/a | 4.50 | 19.50 |" in report.runs_table([row])
+  assert "| spade-0 | 3 | n/a | n/a | n/a | n/a | n/a | n/a | 4.50 | 19.50 |" in (
+      report.runs_table([row]))
 
 
 def test_smoke_warm_start_and_one_arm(tmp_path, monkeypatch):

@@ -331,6 +331,7 @@ def run_rows(results: list[dict], final: dict | None = None) -> list[dict]:
                  "final_harder": harder,
                  "final_change": None if harder is None or base is None else harder - base,
                  "regret_mean": avg("rewards/regret_mean"),
+                 "win_rate": avg("rewards/win_rate_mean"),
                  "band_share": avg("rewards/win_rate_band_frac"),
                  "valid_rate": avg("designer/valid_rate"),
                  "level_first": _window(s.get(LEVEL, []), True),
@@ -344,12 +345,13 @@ def runs_table(rows: list[dict], limit: int | None = None) -> str:
   lvl = lambda v: "n/a" if v is None else f"{v:.2f}"
   seeds = f" ({limit} seeds)" if limit else ""
   lines = [f"| run | iterations | final harder-range success{seeds} | change from warm start "
-           f"| regret mean | envs in [0.4, 0.6] | designer valid rate | designed level, "
-           f"first {WINDOW} it | designed level, last {WINDOW} it |", "|" + "---|" * 9]
+           f"| regret mean | unhinted win rate | envs in [0.4, 0.6] | designer valid rate "
+           f"| designed level, first {WINDOW} it | designed level, last {WINDOW} it |",
+           "|" + "---|" * 10]
   for r in rows:
     lines.append(f"| {r['run']} | {r['iterations']} | {num(r['final_harder'])} | "
                  f"{num(r['final_change'], '+')} | {num(r['regret_mean'], '+')} | "
-                 f"{num(r['band_share'])} | {num(r['valid_rate'])} | "
+                 f"{num(r['win_rate'])} | {num(r['band_share'])} | {num(r['valid_rate'])} | "
                  f"{lvl(r['level_first'])} | {lvl(r['level_last'])} |")
   return "\n".join(lines) + "\n"
 

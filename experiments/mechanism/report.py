@@ -155,13 +155,12 @@ def per_run(result: dict) -> dict:
   """The table's quantities for one run (None where the run has no data)."""
   s = result["series"]
   last = lambda k: s[k][-1][1] if s.get(k) else None
-  avg = lambda k: _series_mean(s, k)
   trend = slope(s.get("rewards/regret_mean", []))
   level_trend = slope(s.get(LEVEL, []))
   return {"held_out": last("eval/families/held_out/success"),
           "harder": last("eval/families/harder/success"),
-          "valid_rate": avg("designer/valid_rate"),
-          "band_share": avg("rewards/win_rate_band_frac"),
+          "valid_rate": _series_mean(s, "designer/valid_rate"),
+          "band_share": _series_mean(s, "rewards/win_rate_band_frac"),
           "regret_trend": None if trend is None else 10 * trend,
           "level_trend": None if level_trend is None else 10 * level_trend,
           "iterations": result["iterations"]}
@@ -324,16 +323,15 @@ def run_rows(results: list[dict], final: dict | None = None) -> list[dict]:
   rows = []
   for r in sorted(results, key=lambda r: (r["arm"], r["seed"])):
     s = r["series"]
-    avg = lambda k, s=s: _series_mean(s, k)
     fe = runs.get(f"{r['arm']}-{r['seed']}", {}).get("eval", {})
     harder = fe.get("eval/families/harder/success")
     rows.append({"run": f"{r['arm']}-{r['seed']}", "iterations": r["iterations"],
                  "final_harder": harder,
                  "final_change": None if harder is None or base is None else harder - base,
-                 "regret_mean": avg("rewards/regret_mean"),
-                 "win_rate": avg("rewards/win_rate_mean"),
-                 "band_share": avg("rewards/win_rate_band_frac"),
-                 "valid_rate": avg("designer/valid_rate"),
+                 "regret_mean": _series_mean(s, "rewards/regret_mean"),
+                 "win_rate": _series_mean(s, "rewards/win_rate_mean"),
+                 "band_share": _series_mean(s, "rewards/win_rate_band_frac"),
+                 "valid_rate": _series_mean(s, "designer/valid_rate"),
                  "level_first": _window(s.get(LEVEL, []), True),
                  "level_last": _window(s.get(LEVEL, []), False)})
   return rows

@@ -146,8 +146,8 @@ def test_import_errors_name_the_problem(checkpoints, tmp_path):
   with pytest.raises(FileNotFoundError, match="config.json"):
     hf.load_hf(str(tmp_path))
   base = hf.read_hf_config(directory)
-  with pytest.raises(ValueError, match="model_type='llama'"):
-    hf.config_from_hf({**base, "model_type": "llama"})
+  with pytest.raises(ValueError, match="model_type='mistral'"):
+    hf.config_from_hf({**base, "model_type": "mistral"})
   with pytest.raises(ValueError, match="unsupported config key.*'quantization_config'"):
     hf.config_from_hf({**base, "quantization_config": {"bits": 4}})
   with pytest.raises(ValueError, match="attention_bias"):

@@ -1,5 +1,5 @@
-"""Greedy ids equal `transformers` generate (PyTorch CPU) on tiny random Qwen3 and
-Qwen3-MoE checkpoints imported with `spade_jax.models.load_hf`."""
+"""Greedy ids equal `transformers` generate (PyTorch CPU) on tiny random Qwen3,
+Qwen3-MoE and Llama checkpoints imported with `spade_jax.models.load_hf`."""
 
 import jax
 import numpy as np
@@ -20,10 +20,11 @@ CASES = {
     "moe": (tf.Qwen3MoeConfig, dict(num_experts=8, num_experts_per_tok=2,
                                     moe_intermediate_size=32, norm_topk_prob=True,
                                     tie_word_embeddings=True)),
+    "llama": (tf.LlamaConfig, dict(tie_word_embeddings=True)),
 }
 
 
-@pytest.mark.parametrize("case", ["dense", pytest.param("moe", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("case", ["dense", "llama", pytest.param("moe", marks=pytest.mark.slow)])
 def test_greedy_ids_equal_transformers(case, tmp_path):
   cls, kw = CASES[case]
   torch.manual_seed(0)

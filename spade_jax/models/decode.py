@@ -38,7 +38,8 @@ def decode_params(params: Params, cfg: ModelConfig) -> Params:
 
   Returns:
     {"embed", "head" ([V, D]), "final_norm", "layers": tuple of L dicts
-    ("qkv": q, k and v stacked [(H + 2K) * E, D], "o": [D, H * E], norms),
+    ("qkv": q, k and v stacked [(H + 2K) * E, D], "o": [D, H * E], norms;
+    `q_norm` / `k_norm` only with `cfg.qk_norm`),
     "mlp": tuple of dense layers' {"gate_up": [2F, D], "down": [D, F]},
     "moe": tuple of MoE layers' weights as in `params`}. Matrices are 2-D so
     that no product needs its weight re-laid out, and products that share an
@@ -55,7 +56,8 @@ def _decode_layer_weights(lay, mlp, moe, cfg: ModelConfig):
   """The per-layer part of `decode_params`, as one program (eagerly, each
   slice and transpose is its own dispatch, on every engine start)."""
   D = cfg.d_model
-  norms = ("attn_norm", "q_norm", "k_norm", "mlp_norm")
+  norms = ("attn_norm", "q_norm", "k_norm", "mlp_norm") if cfg.qk_norm else (
+      "attn_norm", "mlp_norm")
   # [D, N, E] -> [N * E, D] for q, k and v, stacked; [H, E, D] -> [D, H * E].
   layers = tuple(dict({n: lay[n][i] for n in norms},
                       qkv=jnp.concatenate([lay[n][i].reshape(D, -1) for n in "qkv"], 1).T,
@@ -107,8 +109,10 @@ def decode_step(dparams: Params, cfg: ModelConfig, tokens: jax.Array,
     h = rms_norm(x, lp["attn_norm"], eps, 0)
     qkv = _pin(lp["qkv"].astype(dt) @ h).reshape(-1, E, B)  # [H + 2K, E, B]
     q, k, v = qkv[:H], qkv[H:H + K], qkv[H + K:]
-    q = apply_rope(rms_norm(q, lp["q_norm"], eps, 1), cos, sin, axis=1)
-    k = apply_rope(rms_norm(k, lp["k_norm"], eps, 1), cos, sin, axis=1)
+    if cfg.qk_norm:
+      q, k = rms_norm(q, lp["q_norm"], eps, 1), rms_norm(k, lp["k_norm"], eps, 1)
+    q = apply_rope(q, cos, sin, axis=1)
+    k = apply_rope(k, cos, sin, axis=1)
     k = jnp.transpose(k, (2, 0, 1))[..., None]  # [B, K, E, 1]
     v = jnp.transpose(v, (2, 0, 1))[:, :, None, :]  # [B, K, 1, E]
     kc, vc, (ck_all, cv_all) = write_cache((ck_all, cv_all, i), k, v, cache_index)

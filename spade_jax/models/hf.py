@@ -1,4 +1,9 @@
-"""Hugging Face Qwen3 / Qwen3-MoE checkpoints: config mapping, import, export.
+"""Hugging Face Qwen3 / Qwen3-MoE / Llama checkpoints: config mapping, import, export.
+
+`model_type` "llama" (LlamaForCausalLM) imports as `ModelConfig(qk_norm=False)`;
+a config without q/k norm exports as "llama", one with it as "qwen3" / "qwen3_moe"
+(the field decides the family, so no separate family name is stored). Llama
+tensors are named as Qwen3's, less `q_norm` / `k_norm`.
 
 Import streams: every parameter is assembled shard by shard straight from the
 memory-mapped safetensors files into its target sharding, so the host never
@@ -28,7 +33,8 @@ from spade_jax.models import tensorfile
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.qwen3 import Params, param_shapes
 
-MODEL_TYPES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
+MODEL_TYPES = {"qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+               "llama": "LlamaForCausalLM"}
 # Config keys that carry no model math (or only metadata we do not need).
 _IGNORED_KEYS = {
     "architectures", "transformers_version", "torch_dtype", "dtype", "bos_token_id",
@@ -37,8 +43,11 @@ _IGNORED_KEYS = {
     "max_window_layers", "sliding_window", "model_type", "num_local_experts",
     "layer_types", "rope_scaling", "rope_parameters", "rope_theta", "use_sliding_window",
     "attention_bias", "hidden_act", "tie_word_embeddings", "_name_or_path",
-    "partial_rotary_factor",
+    "partial_rotary_factor", "mlp_bias", "pretraining_tp",
 }
+# Keys of one family's config.json that the other family's has not.
+_QWEN3_ONLY = ("use_sliding_window", "sliding_window", "max_window_layers", "layer_types")
+_LLAMA_ONLY = ("mlp_bias", "pretraining_tp")
 _FIELDS = {  # HF key -> ModelConfig field
     "vocab_size": "vocab_size", "hidden_size": "d_model",
     "num_hidden_layers": "num_layers", "num_attention_heads": "num_heads",
@@ -72,7 +81,7 @@ def config_from_hf(hf: dict[str, Any], where: str = "config.json",
   mt = hf.get("model_type")
   if mt not in MODEL_TYPES:
     raise ValueError(f"{where}: model_type={mt!r} is not supported; expected one of "
-                     f"{sorted(MODEL_TYPES)} (Qwen3 dense or MoE).")
+                     f"{sorted(MODEL_TYPES)} (Qwen3 dense or MoE, Llama).")
 
   def unsupported(key, value, expected):
     raise ValueError(f"{where}: {key}={value!r} is not supported (expected {expected}).")
@@ -84,6 +93,8 @@ def config_from_hf(hf: dict[str, Any], where: str = "config.json",
                      "key(s) if they do not change the model.")
   if hf.get("attention_bias", False):
     unsupported("attention_bias", True, "false")
+  if hf.get("mlp_bias", False):
+    unsupported("mlp_bias", True, "false")
   if hf.get("hidden_act", "silu") != "silu":
     unsupported("hidden_act", hf["hidden_act"], "'silu'")
   if hf.get("use_sliding_window", False):
@@ -92,9 +103,11 @@ def config_from_hf(hf: dict[str, Any], where: str = "config.json",
     unsupported("layer_types", hf["layer_types"], "all 'full_attention'")
   rope = hf.get("rope_parameters") or {}
   if hf.get("rope_scaling"):
-    unsupported("rope_scaling", hf["rope_scaling"], "null (plain RoPE)")
+    unsupported("rope_scaling", hf["rope_scaling"],
+                "null (plain RoPE; Llama-3 style scaled RoPE is not implemented)")
   if rope.get("rope_type", "default") != "default":
-    unsupported("rope_parameters.rope_type", rope["rope_type"], "'default'")
+    unsupported("rope_parameters.rope_type", rope["rope_type"],
+                "'default' (plain RoPE; Llama-3 style scaled RoPE is not implemented)")
   theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
   kw: dict[str, Any] = {}
   for key, field in _FIELDS.items():
@@ -102,7 +115,7 @@ def config_from_hf(hf: dict[str, Any], where: str = "config.json",
       kw[field] = hf[key]
   if "num_experts" not in kw and hf.get("num_local_experts"):
     kw["num_experts"] = hf["num_local_experts"]
-  if mt == "qwen3":
+  if mt in ("qwen3", "llama"):
     for key in ("num_experts", "num_experts_per_tok", "moe_mlp_dim", "norm_topk_prob",
                 "decoder_sparse_step", "mlp_only_layers"):
       kw.pop(key, None)
@@ -111,23 +124,41 @@ def config_from_hf(hf: dict[str, Any], where: str = "config.json",
   kw["mlp_only_layers"] = tuple(kw.get("mlp_only_layers") or ())
   kw["rope_theta"] = float(theta)
   kw["tie_embeddings"] = bool(hf.get("tie_word_embeddings", False))
+  kw["qk_norm"] = mt != "llama"
   return ModelConfig(**{**kw, **overrides})
+
+
+def hf_model_type(cfg: ModelConfig) -> str:
+  """The HF `model_type` that holds `cfg`: "qwen3", "qwen3_moe" or "llama"."""
+  moe = cfg.num_experts > 0
+  if cfg.qk_norm:
+    return "qwen3_moe" if moe else "qwen3"
+  if moe:
+    raise ValueError(f"A config with qk_norm=False and num_experts={cfg.num_experts} has "
+                     "no Hugging Face model type here (Llama is dense, Qwen3-MoE has q/k "
+                     "norm); set num_experts=0 or qk_norm=True to export it.")
+  return "llama"
 
 
 def config_to_hf(cfg: ModelConfig, base: dict[str, Any] | None = None) -> dict[str, Any]:
   """HF config dict for `cfg`; `base` (the imported config.json) keeps its metadata."""
   moe = cfg.num_experts > 0
+  mt = hf_model_type(cfg)
   hf = dict(base or {})
-  for key in ("rope_scaling", "num_local_experts", "rope_theta"):
+  for key in ("rope_scaling", "num_local_experts", "rope_theta") + (
+      _QWEN3_ONLY if mt == "llama" else _LLAMA_ONLY):
     hf.pop(key, None)
   hf.update({
-      "architectures": [MODEL_TYPES["qwen3_moe" if moe else "qwen3"]],
-      "model_type": "qwen3_moe" if moe else "qwen3",
-      "attention_bias": False, "hidden_act": "silu", "use_sliding_window": False,
-      "sliding_window": None, "tie_word_embeddings": cfg.tie_embeddings,
+      "architectures": [MODEL_TYPES[mt]], "model_type": mt,
+      "attention_bias": False, "hidden_act": "silu",
+      "tie_word_embeddings": cfg.tie_embeddings,
       "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
       "dtype": cfg.param_dtype,
   })
+  if mt == "llama":
+    hf.update({"mlp_bias": False, "pretraining_tp": 1})
+  else:
+    hf.update({"use_sliding_window": False, "sliding_window": None})
   for key, field in _FIELDS.items():
     value = getattr(cfg, field)
     if not moe and field in ("num_experts", "num_experts_per_tok", "moe_mlp_dim",
@@ -135,7 +166,7 @@ def config_to_hf(cfg: ModelConfig, base: dict[str, Any] | None = None) -> dict[s
       hf.pop(key, None)
       continue
     hf[key] = list(value) if isinstance(value, tuple) else value
-  if not moe:
+  if mt == "qwen3":
     hf["layer_types"] = ["full_attention"] * cfg.num_layers
   else:
     hf.pop("layer_types", None)
@@ -264,7 +295,7 @@ def _key(idx: tuple) -> tuple:
 
 def load_hf(directory: str, cfg: ModelConfig | None = None,
             shardings: Any | None = None, **overrides) -> tuple[Params, ModelConfig]:
-  """Imports a local HF Qwen3 / Qwen3-MoE checkpoint.
+  """Imports a local HF Qwen3 / Qwen3-MoE / Llama checkpoint.
 
   Args:
     directory: holds config.json and model.safetensors (or a sharded index).
@@ -307,8 +338,9 @@ def load_hf(directory: str, cfg: ModelConfig | None = None,
   if unused:
     raise ValueError(f"{len(unused)} tensor(s) in {directory!r} are not used by the "
                      f"{'MoE' if cfg.num_experts else 'dense'} model that config.json "
-                     f"describes, e.g. {unused[:5]}; check model_type and the layer "
-                     "placement keys (decoder_sparse_step, mlp_only_layers).")
+                     f"describes, e.g. {unused[:5]}; check model_type (q_norm / k_norm "
+                     "belong to qwen3, not llama) and the layer placement keys "
+                     "(decoder_sparse_step, mlp_only_layers).")
   logging.info("Imported %d tensors from %s", len(src.used), directory)
   return jax.tree.unflatten(treedef, leaves), cfg
 

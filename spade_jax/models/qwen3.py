@@ -1,9 +1,14 @@
-"""Qwen3 / Qwen3-MoE decoder as pure functions over a parameter pytree.
+"""Qwen3 / Qwen3-MoE / Llama decoder as pure functions over a parameter pytree.
+
+Llama is the dense Qwen3 layer without the per-head query/key RMSNorm
+(`ModelConfig.qk_norm=False`: no `q_norm` / `k_norm` parameters); everything
+else, RoPE included, is shared.
 
 Parameters are a plain nested dict. Per-layer weights are stacked on a leading
 `layers` axis, in three stacks:
 
-- `layers`: attention and norms of every layer, [L, ...];
+- `layers`: attention and norms of every layer, [L, ...] (`q_norm` / `k_norm`
+  only with `cfg.qk_norm`);
 - `mlp`: dense SwiGLU weights of the dense layers only, [L_dense, ...];
 - `moe`: router and expert weights of the MoE layers only, [L_moe, ...].
 
@@ -62,6 +67,8 @@ def param_axes(cfg: ModelConfig) -> Params:
       },
       "final_norm": ("norm",),
   }
+  if not cfg.qk_norm:
+    del axes["layers"]["q_norm"], axes["layers"]["k_norm"]
   if cfg.num_dense_layers:
     axes["mlp"] = {"gate": ("layers", "embed", "mlp"),
                    "up": ("layers", "embed", "mlp"),
@@ -89,6 +96,8 @@ def param_shapes(cfg: ModelConfig) -> Params:
       },
       "final_norm": (D,),
   }
+  if not cfg.qk_norm:
+    del shapes["layers"]["q_norm"], shapes["layers"]["k_norm"]
   Ld, Lm, F, X, Fm = (cfg.num_dense_layers, cfg.num_moe_layers, cfg.mlp_dim,
                       cfg.num_experts, cfg.moe_mlp_dim)
   if Ld:
@@ -174,8 +183,11 @@ def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelCo
   q = constrain(q, ("batch", "length", "heads", "head_dim"))
   k = constrain(k, ("batch", "length", "kv_heads", "head_dim"))
   v = constrain(v, ("batch", "length", "kv_heads", "head_dim"))
-  q = rope(rms_norm(q, lp["q_norm"], cfg.rms_eps), positions, cfg.rope_theta)
-  k = rope(rms_norm(k, lp["k_norm"], cfg.rms_eps), positions, cfg.rope_theta)
+  if cfg.qk_norm:
+    q = rms_norm(q, lp["q_norm"], cfg.rms_eps)
+    k = rms_norm(k, lp["k_norm"], cfg.rms_eps)
+  q = rope(q, positions, cfg.rope_theta)
+  k = rope(k, positions, cfg.rope_theta)
   k = jnp.transpose(k, (0, 2, 3, 1))  # [B, K, E, T]
   v = jnp.swapaxes(v, 1, 2)  # [B, K, T, E]
   if cache_kv is not None:

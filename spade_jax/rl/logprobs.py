@@ -11,6 +11,13 @@ that is 0.3 GB per sequence instead of 5 GB).
 The head follows `spade_jax.models.logits_from_hidden` exactly (tied or untied
 `lm_head`, float32 logits), and the result equals
 `spade_jax.models.token_logprobs`.
+
+The policy trained is the one that sampled (REFERENCE §1.8): with a
+`temperature` array the log-probs are of `log_softmax(logits / T)`, T per
+token (the temperature of the role that sampled the row), the same arithmetic
+as the sampler's recorded log-probs (`sampling.rules.token_logprob` of the
+tempered logits). Top-k / top-p truncation is not modelled here: truncated
+importance sampling absorbs it.
 """
 
 from __future__ import annotations
@@ -31,8 +38,9 @@ def _head_params(params):
 
 
 def chunked_head_logprobs(head_params, cfg: ModelConfig, hidden: jax.Array,
-                          targets: jax.Array, chunk_size: int) -> jax.Array:
-  """log softmax(hidden @ W)[target], one sequence chunk at a time.
+                          targets: jax.Array, chunk_size: int,
+                          temperature: jax.Array | None = None) -> jax.Array:
+  """log softmax(hidden @ W / T)[target], one sequence chunk at a time.
 
   Args:
     head_params: {"embed": [V, D]} (tied) and/or {"lm_head": [V, D]}.
@@ -41,6 +49,8 @@ def chunked_head_logprobs(head_params, cfg: ModelConfig, hidden: jax.Array,
     targets: [B, T] int token id whose log-probability is read at each
       position.
     chunk_size: positions per chunk C; T is padded up to a multiple of C.
+    temperature: [B, T] float32 softmax temperature per position (> 0), or
+      None for the untempered model.
 
   Returns:
     [B, T] float32 log-probabilities.
@@ -52,16 +62,22 @@ def chunked_head_logprobs(head_params, cfg: ModelConfig, hidden: jax.Array,
   C = min(chunk_size, T)
   n = -(-T // C)
   pad = n * C - T
+  temp = (jnp.ones((B, T), jnp.float32) if temperature is None
+          else temperature.astype(jnp.float32))
   if pad:
     hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
     targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    temp = jnp.pad(temp, ((0, 0), (0, pad)), constant_values=1.0)
   # [n, B, C, ...]: the scan runs over chunks of the sequence.
   h = hidden.reshape(B, n, C, D).swapaxes(0, 1)
   y = targets.reshape(B, n, C).swapaxes(0, 1)
+  t = temp.reshape(B, n, C).swapaxes(0, 1)
 
   @jax.checkpoint
-  def chunk(h_c, y_c):
+  def chunk(h_c, y_c, t_c):
     logits = logits_from_hidden(head_params, cfg, h_c)  # [B, C, V] float32
+    if temperature is not None:
+      logits = logits / t_c[..., None]
     lse = jax.nn.logsumexp(logits, axis=-1)
     tgt = jnp.take_along_axis(logits, y_c[..., None], axis=-1)[..., 0]
     return tgt - lse
@@ -69,13 +85,14 @@ def chunked_head_logprobs(head_params, cfg: ModelConfig, hidden: jax.Array,
   def body(carry, xs):
     return carry, chunk(*xs)
 
-  _, out = jax.lax.scan(body, None, (h, y))  # [n, B, C]
+  _, out = jax.lax.scan(body, None, (h, y, t))  # [n, B, C]
   return out.swapaxes(0, 1).reshape(B, n * C)[:, :T]
 
 
 def chunked_token_logprobs(params, cfg: ModelConfig, tokens: jax.Array,
                            positions: jax.Array, segment_ids: jax.Array,
                            chunk_size: int | None = 512, *,
+                           temperature: jax.Array | None = None,
                            return_moe_dropped: bool = False):
   """Log-probability of each token given its prefix within its segment.
 
@@ -85,6 +102,9 @@ def chunked_token_logprobs(params, cfg: ModelConfig, tokens: jax.Array,
     tokens, positions, segment_ids: [B, T]; segment id 0 marks padding.
     chunk_size: positions per logits chunk; None or 0 computes the full
       [B, T, V] logits (`spade_jax.models.token_logprobs`).
+    temperature: [B, T] softmax temperature of each token's row (the
+      temperature the row was sampled at; position t's entry tempers the
+      distribution that predicts token t), or None for the untempered model.
     return_moe_dropped: also return the (token, expert) copies the MoE
       capacity factor dropped (see `forward`).
 
@@ -93,16 +113,23 @@ def chunked_token_logprobs(params, cfg: ModelConfig, tokens: jax.Array,
     segment, and 0 at t = 0, at segment starts and on padding. With
     `return_moe_dropped`, (that, the int32 dropped count).
   """
-  if not chunk_size and not return_moe_dropped:
+  if not chunk_size and not return_moe_dropped and temperature is None:
     return _full_token_logprobs(params, cfg, tokens, positions, segment_ids)
   hidden, _, dropped = forward(params, cfg, tokens, positions, segment_mask(segment_ids),
                                return_hidden=True, return_moe_dropped=True)
   # Position t predicts token t + 1 (the last position's target is a dummy).
   targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))
+  # Position t predicts token t + 1 at token t + 1's temperature.
+  temp = (None if temperature is None else
+          jnp.pad(temperature[:, 1:], ((0, 0), (0, 1)), constant_values=1.0))
   if chunk_size:
-    nxt = chunked_head_logprobs(_head_params(params), cfg, hidden, targets, chunk_size)
+    nxt = chunked_head_logprobs(_head_params(params), cfg, hidden, targets, chunk_size,
+                                temp)
   else:
-    logp = jax.nn.log_softmax(logits_from_hidden(params, cfg, hidden), axis=-1)
+    logits = logits_from_hidden(params, cfg, hidden)
+    if temp is not None:
+      logits = logits / temp[..., None].astype(jnp.float32)
+    logp = jax.nn.log_softmax(logits, axis=-1)
     nxt = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
   nxt = nxt[:, :-1]
   same = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0)

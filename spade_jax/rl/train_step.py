@@ -47,16 +47,21 @@ from spade_jax.rl.logprobs import chunked_token_logprobs
 from spade_jax.rl.optimizer import OptimizerConfig, make_optimizer
 
 # Batch fields and their dtypes; every field is [B, T]. `sampler_logps` are the
-# log-probs recorded when the tokens were sampled. `advantages` and `role` are
-# per token (constant over each packed sequence); `Trainer.step` also accepts
-# them as [B] (one sequence per row) and broadcasts.
+# log-probs recorded when the tokens were sampled, of the tempered policy
+# softmax(logits / temperature). `advantages`, `role` and `temperature` (the
+# sampling temperature of the role that wrote the sequence; 1 for greedy rows)
+# are per token (constant over each packed sequence); `Trainer.step` also
+# accepts them as [B] (one sequence per row) and broadcasts. A batch without
+# `temperature` trains the untempered policy (temperature 1).
 BATCH_FIELDS = {
     "tokens": jnp.int32, "positions": jnp.int32, "segment_ids": jnp.int32,
     "loss_mask": jnp.bool_, "sampler_logps": jnp.float32, "advantages": jnp.float32,
-    "role": jnp.int32,
+    "role": jnp.int32, "temperature": jnp.float32,
 }
 ROLES = ("designer", "agent")
-PER_ROW_FIELDS = ("advantages", "role")
+PER_ROW_FIELDS = ("advantages", "role", "temperature")
+# Value of a field a batch leaves out (when its objective does not require it).
+_DEFAULTS = {"temperature": 1.0}
 OLD_LOGPS = names("recompute", "sampler", kind="old log-prob source",
                   field="train.old_logps")
 """Where the PPO ratio's denominator comes from (`TrainConfig.old_logps`)."""
@@ -92,7 +97,11 @@ def batch_loss_terms(
 
   Returns:
     `(loss_sum, denom, metric_sums)` as `loss.grpo_loss_terms`, with per role
-    of `ROLES` `<role>_tokens` (loss tokens) and, when `config.tis_cap` is
+    of `ROLES` `<role>_tokens` (loss tokens), `<role>_logp_gap_sum` and
+    `<role>_logp_gap_max` (|trainer - sampler| log-prob of the loss tokens:
+    the trainer's log-probs under the weights being updated, the same tempered
+    policy the sampler recorded, so a gap is staleness, top-k/top-p truncation
+    or numerics, never a different distribution) and, when `config.tis_cap` is
     set, `<role>_tis_weight_sum` (sum of the applied weights); combine with
     `loss.combine_metric_sums`, finalise with `finalize_train_metrics`.
 
@@ -111,9 +120,12 @@ def batch_loss_terms(
     # The same weight the loss applied, for the per-role means.
     weight = jnp.where(valid, loss_lib.tis_weight(
         sg(old).astype(jnp.float32), sampler.astype(jnp.float32), config.tis_cap), 0.0)
+  gap = jnp.abs(sg(logps).astype(jnp.float32) - sampler.astype(jnp.float32))
   for r, name in enumerate(ROLES):
     in_role = valid & (batch["role"] == r)
     sums[f"{name}_tokens"] = jnp.sum(in_role)
+    sums[f"{name}_logp_gap_sum"] = jnp.sum(jnp.where(in_role, gap, 0.0))
+    sums[f"{name}_logp_gap_max"] = jnp.max(jnp.where(in_role, gap, 0.0))
     if weight is not None:
       sums[f"{name}_tis_weight_sum"] = sg(jnp.sum(jnp.where(in_role, weight, 0.0)))
   return loss_sum, denom, sums
@@ -130,13 +142,18 @@ def finalize_train_metrics(loss_sum: jax.Array, denom: jax.Array,
       and batches with `loss.combine_metric_sums`.
 
   Returns:
-    `loss.finalize_metrics(sums)` plus "loss", `<role>_tokens` and, with a
-    TIS cap, `<role>_tis_weight_mean` (0 for a role without loss tokens).
+    `loss.finalize_metrics(sums)` plus "loss", `<role>_tokens`,
+    `<role>_logp_gap_mean` / `<role>_logp_gap_max` (sampler vs trainer
+    log-prob of the role's loss tokens) and, with a TIS cap,
+    `<role>_tis_weight_mean` (0 for a role without loss tokens).
   """
   metrics = loss_lib.finalize_metrics(sums)
   for r in ROLES:
     n = sums[f"{r}_tokens"]
     metrics[f"{r}_tokens"] = n
+    metrics[f"{r}_logp_gap_mean"] = jnp.where(
+        n > 0, sums[f"{r}_logp_gap_sum"] / jnp.maximum(n, 1), 0.0)
+    metrics[f"{r}_logp_gap_max"] = sums[f"{r}_logp_gap_max"]
     if f"{r}_tis_weight_sum" in sums:
       metrics[f"{r}_tis_weight_mean"] = jnp.where(
           n > 0, sums[f"{r}_tis_weight_sum"] / jnp.maximum(n, 1), 0.0)
@@ -356,9 +373,12 @@ class Trainer:
     return self.model_cfg.num_moe_layers > 0 and self.model_cfg.moe_capacity_factor > 0
 
   def _logps(self, params, mb, return_moe_dropped: bool = False):
+    # The tempered policy of each row's sampler (REFERENCE §1.8), reference
+    # policy included.
     return chunked_token_logprobs(params, self.model_cfg, mb["tokens"],
                                   mb["positions"], mb["segment_ids"],
                                   self.train_cfg.logprob_chunk,
+                                  temperature=mb.get("temperature"),
                                   return_moe_dropped=return_moe_dropped)
 
   def _micro_terms(self, params, ref_params, mb):
@@ -448,7 +468,8 @@ class Trainer:
     for k, dt in BATCH_FIELDS.items():
       if k not in batch and k not in _ALWAYS + self.objective.required:
         # A field this objective does not read (e.g. advantages for SFT).
-        arrays[k] = jax.device_put(jnp.zeros((B, T), dt), self.batch_shardings[k])
+        arrays[k] = jax.device_put(jnp.full((B, T), _DEFAULTS.get(k, 0), dt),
+                                   self.batch_shardings[k])
         continue
       if k not in batch:
         hint = (" (renamed from 'old_logps': the log-probs recorded when the tokens "
@@ -474,8 +495,9 @@ class Trainer:
       batch: one batch, or a non-empty sequence of batches that together form
         the update (e.g. `selfplay.build_batches`). A batch holds numpy or jax
         arrays, every field of `BATCH_FIELDS` as [train.batch_size,
-        train.seq_len]; `advantages` and `role` may also be
-        [train.batch_size] (one sequence per row). Fields the objective does
+        train.seq_len]; `advantages`, `role` and `temperature` may also be
+        [train.batch_size] (one sequence per row); a missing `temperature`
+        is 1 (the untempered policy). Fields the objective does
         not require (`Objective.required`; "sft" requires only "tokens",
         "positions", "segment_ids" and "loss_mask") may be left out and are
         then zeros. Several batches give

@@ -190,6 +190,12 @@ def extend_step(params, state: DecodeState, rows, tokens, offset, count, reset, 
                      keys=jax.random.wrap_key_data(put(kd, keys)))
 
 
+def _tempered(logits: jax.Array, rule: SamplingConfig) -> jax.Array:
+  """[B, V] logits of the policy whose log-probs are recorded (and trained)."""
+  t = rule.logprob_temperature
+  return logits if t == 1.0 else logits / jnp.float32(t)
+
+
 def decode_loop(params, state: DecodeState, active, budget, stop_on_finish, *,
                 cfg: ModelConfig, rule: SamplingConfig, steps: int,
                 feature_major: bool = False):
@@ -205,7 +211,8 @@ def decode_loop(params, state: DecodeState, active, budget, stop_on_finish, *,
 
   Returns:
     (state, tokens [B, steps] int32 (pad after a row stopped), logprobs
-    [B, steps] float32 under the raw model, hit_eos [B] bool, steps_run
+    [B, steps] float32 of the tempered policy (`rule.logprob_temperature`),
+    hit_eos [B] bool, steps_run
     scalar int32). Row b's i-th token goes to cache entry lengths[b] + i.
   """
   B = active.shape[0]
@@ -219,7 +226,7 @@ def decode_loop(params, state: DecodeState, active, budget, stop_on_finish, *,
   def body(c):
     step, st, done, toks, logps, eos, _ = c
     tok = draw(st.logits, st.keys, st.lengths, rule)
-    logp = token_logprob(st.logits, tok)
+    logp = token_logprob(_tempered(st.logits, rule), tok)
     emit = ~done
     tok = jnp.where(emit, tok, rule.pad_id)
     toks = jax.lax.dynamic_update_index_in_dim(toks, tok, step, 1)

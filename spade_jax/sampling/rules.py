@@ -4,7 +4,11 @@ A rule maps float32 logits [B, V] to logits [B, V] (dropped ids at -inf). The
 token is then drawn by adding Gumbel noise from one PRNG key per row, so a
 row's draw depends only on its own key and position, never on which batch
 slot it occupies or which other rows share the batch. Log-probs returned with
-sampled tokens are always under the raw (untempered, untruncated) model.
+sampled tokens are of the tempered, untruncated policy
+`log_softmax(logits / temperature)` (`SamplingConfig.logprob_temperature`; the
+raw model for greedy rows): the policy the trainer differentiates
+(REFERENCE §1.8). Top-k / top-p / min-p truncation is left out on both sides;
+truncated importance sampling absorbs it.
 
 `SamplingConfig` is the user-facing rule: it composes, in this order,
 `Temperature`, `TopK`, `TopP`, `MinP` (or `Greedy` when temperature is 0) and
@@ -194,6 +198,12 @@ class SamplingConfig:
   @property
   def greedy(self) -> bool:
     return self.temperature == 0.0
+
+  @property
+  def logprob_temperature(self) -> float:
+    """Temperature of the policy whose log-probs are recorded and trained:
+    `temperature`, or 1 for greedy decoding."""
+    return self.temperature if self.temperature > 0 else 1.0
 
   @property
   def stop_ids(self) -> tuple[int, ...]:

@@ -35,6 +35,9 @@ class Row:
       `loss_mask` is False).
     advantage: the sequence's advantage (designer reward or agent advantage).
     role: one of `ROLES`.
+    temperature: the softmax temperature the sequence was sampled at (1 for
+      greedy rows); the trainer differentiates `log_softmax(logits / T)`, the
+      policy whose log-probs `logps` recorded.
   """
 
   tokens: list[int]
@@ -42,6 +45,7 @@ class Row:
   logps: list[float]
   advantage: float
   role: str
+  temperature: float = 1.0
 
   def __post_init__(self):
     if not len(self.tokens) == len(self.loss_mask) == len(self.logps):
@@ -49,6 +53,9 @@ class Row:
                        f"loss_mask {len(self.loss_mask)}, logps {len(self.logps)}.")
     if self.role not in ROLES:
       raise ValueError(f"Row role {self.role!r}; expected one of {ROLES}.")
+    if not self.temperature > 0:
+      raise ValueError(f"Row temperature {self.temperature!r} must be > 0 (use 1.0 for a "
+                       "greedy row, whose log-probs are of the untempered model).")
 
 
 def _empty(B: int, T: int, pad_id: int) -> dict[str, np.ndarray]:
@@ -60,6 +67,7 @@ def _empty(B: int, T: int, pad_id: int) -> dict[str, np.ndarray]:
       "sampler_logps": np.zeros((B, T), np.float32),
       "advantages": np.zeros((B, T), np.float32),
       "role": np.zeros((B, T), np.int32),
+      "temperature": np.ones((B, T), np.float32),
   }
 
 
@@ -85,7 +93,8 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
     (batches, stats). batches: a non-empty list (one all-padding batch when
     `rows` is empty) of dicts with "tokens", "positions", "segment_ids" (0 =
     padding), "loss_mask", "sampler_logps" (the rows' `logps`), "advantages"
-    (per token) and "role" (per token, index into `ROLES`), all [B, T]; pass
+    (per token), "role" (per token, index into `ROLES`) and "temperature"
+    (per token, the row's sampling temperature; 1 on padding), all [B, T]; pass
     the whole list to `rl.Trainer.step` for one update. stats:
     "batch/batches", "batch/rows" (sequences placed: all of them),
     "batch/cut_tokens" (tokens beyond seq_len cut from long sequences),
@@ -129,6 +138,7 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
     out["sampler_logps"][b, s:e] = row.logps[:n]
     out["advantages"][b, s:e] = row.advantage
     out["role"][b, s:e] = ROLES.index(row.role)
+    out["temperature"][b, s:e] = row.temperature
     start[g] = e
   stats = {"batch/batches": float(num_batches),
            "batch/rows": float(len(rows)),

@@ -642,7 +642,8 @@ class SelfPlay:
       played = kind == rw.PLAYED
       if use[e, a]:
         mask = [False] * p.prompt_len + [True] * (len(p.tokens) - p.prompt_len)
-        rows.append(Row(p.tokens, mask, p.logps, float(values[e, a]), "designer"))
+        rows.append(Row(p.tokens, mask, p.logps, float(values[e, a]), "designer",
+                        self.sampling.designer.logprob_temperature))
       if played:
         self.memory.add(dz.MemoryRecord(
             program=p.program or "", doc_id=p.doc_id, skill=self.skill_name(p.skill),
@@ -706,7 +707,8 @@ class SelfPlay:
     metrics["agent/uniform_groups_dropped"] = len(uniform)
     for (e, j), ep in sorted(nohint.items()):
       if not ep.failed and ep.tokens and e not in uniform:
-        rows.append(Row(ep.tokens, ep.loss_mask, ep.logps, float(adv[e, j]), "agent"))
+        rows.append(Row(ep.tokens, ep.loss_mask, ep.logps, float(adv[e, j]), "agent",
+                        self.sampling.agent.logprob_temperature))
     self.on_phase("train")
     t0 = time.perf_counter()
     tc = self.trainer.train_cfg

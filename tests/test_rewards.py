@@ -111,8 +111,10 @@ def run_window(envs, cfg):
   out = compute_rewards(buf, cfg)
   kinds = np.array([[{"played": rw.PLAYED, "invalid": rw.INVALID,
                       "failed": rw.FAILED}[e["kind"]]] for e in envs], np.int32)
-  values, use = credit(out.raw, kinds, np.array([e["skill"] for e in envs], np.int32),
-                       out.stats.timed_out, cfg)
+  # One sample per slot, credited at the window's end: each reads its slot's raw score
+  # and timeout flag (no slot was refilled meanwhile).
+  values, use = credit(out.raw[:, None], kinds, np.array([e["skill"] for e in envs], np.int32),
+                       out.stats.timed_out[:, None], cfg)
   return np.asarray(values)[:, 0], np.asarray(use)[:, 0], out
 
 
@@ -166,6 +168,46 @@ def test_all_invalid_cohort_pushes_nothing():
   cfg = RewardConfig(credit_window=W, scale=32.0)
   got, use, _ = run_window([env(0, 0, 0, kind="invalid")] * 3, cfg)
   assert use.all() and np.all(got == 0.0)
+
+
+@pytest.mark.parametrize("crash", [-1.0, None])
+def test_credit_scores_each_sample_by_its_own_raw_and_failure(crash):
+  # Slot 0: an invalid first attempt, then a program that timed out mid-window (its slot
+  # was refilled since, so it carries its own raw score -0.5 and flag). Slot 1: a played
+  # program (raw 0.3) and, as a second attempt, one that crashed with raw 0.9 at the time.
+  # Slot 2: a played program of another skill. Slot 3: nothing.
+  kinds = np.array([[rw.INVALID, rw.FAILED], [rw.PLAYED, rw.FAILED], [rw.PLAYED, rw.NONE],
+                    [rw.NONE, rw.NONE]], np.int32)
+  raw = np.array([[0.0, -0.5], [0.3, 0.9], [0.7, 0.0], [0.0, 0.0]], np.float32)
+  timed_out = np.array([[False, True], [False, False], [False, False], [False, False]])
+  skill = np.array([0, 0, 1, 0], np.int32)
+
+  def run(variant):
+    cfg = RewardConfig(variant=variant, scale=32.0, crash_penalty=crash)
+    values, use = credit(raw, kinds, skill, timed_out, cfg)
+    return np.asarray(values), np.asarray(use)
+
+  values, use = run("regret_based")
+  # Skill 0's cohort: invalid -1, timeout -0.5 (its own), played 0.3, crash (penalty or
+  # no gradient); skill 1 is a cohort of one.
+  scored = {(0, 0): -1.0, (0, 1): -0.5, (1, 0): 0.3}
+  if crash is not None:
+    scored[1, 1] = crash
+  mean = np.mean(list(scored.values()))
+  want = np.zeros((4, 2), np.float32)
+  for ea, v in scored.items():
+    want[ea] = (v - mean) * 32.0
+  np.testing.assert_allclose(values, want, atol=1e-4)
+  np.testing.assert_array_equal(use, np.isin(np.arange(8), [0, 1, 2, 4]
+                                             + ([3] if crash is not None else [])).reshape(4, 2))
+  # Other variants do not score timeouts: the timed-out sample is a crash like any other.
+  values, use = run("blend")
+  assert use[0, 1] == (crash is not None) and use[2, 0] and not use[2, 1]
+  if crash is not None:
+    mean = np.mean([-1.0, crash, 0.3, crash])
+    np.testing.assert_allclose(values[0, 1], (crash - mean) * 32.0, atol=1e-4)
+  with pytest.raises(ValueError, match=r"raw has shape \(4,\); it is per sample"):
+    credit(raw[:, 0], kinds, skill, timed_out, RewardConfig(scale=1.0))
 
 
 def test_plateau_edges():
@@ -231,8 +273,8 @@ def test_changing_valid_count_never_recompiles():
                      rng.integers(0, 2, (e, 4)).astype(np.float32), np.ones((e, 4), bool),
                      rng.integers(0, 3, e), valid, fresh=np.full(e, it % 2 == 0))
     out = compute_rewards(buf, cfg)
-    credit(out.raw, np.where(valid, rw.PLAYED, rw.INVALID)[:, None].astype(np.int32),
-           rng.integers(0, 3, e).astype(np.int32), out.stats.timed_out, cfg)
+    credit(out.raw[:, None], np.where(valid, rw.PLAYED, rw.INVALID)[:, None].astype(np.int32),
+           rng.integers(0, 3, e).astype(np.int32), out.stats.timed_out[:, None], cfg)
     sizes.append(buffer_lib._record._cache_size())  # pylint: disable=protected-access
   assert len(traces) == 1 and len(set(sizes)) == 1
 

@@ -56,7 +56,7 @@ def scripted(monkeypatch):
   return calls
 
 
-def _selfplay(tmp_path, pool, sampling=None, **overrides):
+def _selfplay(tmp_path, pool, sampling=None, reward_cfg=None, **overrides):
   cfg = get_preset("tiny", vocab_size=4096)
   mesh = parallel.make_mesh(parallel.MeshConfig())
   trainer = rl.Trainer(cfg, rl.TrainConfig(batch_size=8, seq_len=2048), rl.LossConfig(),
@@ -70,7 +70,7 @@ def _selfplay(tmp_path, pool, sampling=None, **overrides):
       sp_cfg, trainer=trainer, state=trainer.init_state(jax.random.key(0)), vocab=vocab,
       sampling=sampling or SamplingConfig(eos_id=vocab.eos_id), pool=pool,
       corpus=dz.Corpus(dz.CorpusConfig(), workdir=str(tmp_path)),
-      memory=dz.EnvMemory(), reward_cfg=selfplay.RewardConfig(credit_window=1),
+      memory=dz.EnvMemory(), reward_cfg=reward_cfg or selfplay.RewardConfig(credit_window=1),
       validation=envs.ValidationConfig(max_turns=2, random_episodes=2, random_steps=2,
                                         sandbox=pool.config))
 
@@ -244,6 +244,68 @@ def test_crashed_program_is_penalised_then_blacklisted(tmp_path, scripted, pool,
   crashed = [r for r in sp.sample_records if r["verdict"] == "failed"]
   assert len(crashed) == 1 and crashed[0]["trained"]
   assert sp.slots[0].origin == "pool" and sp.fresh[0]
+
+
+def _seeded_program(sp, slow=(), crash=(), win=()):
+  """guess_number, scripted per play seed: a step on a `slow` seed runs past the sandbox's
+  call deadline, one on a `crash` seed raises, and a `win` seed's secret is 50 (the
+  scripted agent's guess). Each argument lists (iteration, slot, play) triples."""
+
+  def seeds(triples):
+    return {sp._seed(*t) for t in triples}  # pylint: disable=protected-access
+
+  return envs.builtin_program("guess_number").replace(
+      "    self.secret = rng.randint(self.low, self.high)\n",
+      "    self.secret = rng.randint(self.low, self.high)\n"
+      f"    self.secret = 50 if seed in {seeds(win)!r} else self.secret\n"
+      "    self.seed = seed\n", 1).replace(
+          "  def step(self, action):\n",
+          "  def step(self, action):\n"
+          f"    while self.seed in {seeds(slow)!r}:\n"
+          "      pass\n"
+          f"    if self.seed in {seeds(crash)!r}:\n"
+          "      raise RuntimeError('boom')\n", 1)
+
+
+def test_timeout_mid_window_keeps_its_score_until_credit(tmp_path, scripted, pool,
+                                                         monkeypatch):
+  # regret_based over a 4-rollout window, one skill: slot 0's program times out in the
+  # window's 2nd rollout and slot 1's crashes there (both blacklisted and refilled from
+  # the pool before the credit), slot 2's times out in the last rollout, and slot 3's
+  # plays the whole window, winning only the regeneration step's plays.
+  reward_cfg = selfplay.RewardConfig(variant="regret_based", credit_window=4)
+  sp = _count_steps_only(_selfplay(tmp_path, pool, reward_cfg=reward_cfg, regen_every=4))
+  program = _seeded_program(sp, slow=[(1, 0, 0), (3, 2, 0)], crash=[(1, 1, 0)],
+                            win=[(0, 3, 0), (0, 3, 1)])
+  monkeypatch.setattr(sys.modules[__name__], "_designer_outputs",
+                      lambda: ["```python\n" + program + "\n```"] * 4)
+  sp.iteration(0)
+  assert [s.origin for s in sp.slots] == ["designer"] * 4
+  m1 = sp.iteration(1)
+  assert m1["agent/nohint/timeout"] == 1 / 8 and m1["agent/nohint/crash"] == 1 / 8
+  assert m1["env/blacklisted"] == 2 and [s.origin for s in sp.slots[:2]] == ["pool"] * 2
+  # The pending samples (and what they failed with) survive a checkpoint.
+  host = json.loads(json.dumps(sp.host_state()))
+  sp.restore_host_state(host)
+  sp.iteration(2)
+  m3 = sp.iteration(3)
+  assert m3["designer/credited"] == 4 and m3["designer/credit/failed"] == 3
+  records = {r["slot"]: r for r in sp.sample_records}
+  # REFERENCE §2: a timed-out env scores -0.5, a crash the crash penalty (-1); slot 3's
+  # regret is Rh - w = 1 - 2/8. Centred on the cohort's mean, times 2 plays * 4 = 8.
+  raw = [-0.5, -1.0, -0.5, 1.0 - 2 / 8]
+  want = [(v - sum(raw) / 4) * 8 for v in raw]
+  assert [records[e]["reward"] for e in range(4)] == pytest.approx(want, abs=1e-5)
+  assert all(records[e]["trained"] for e in range(4))
+  assert [records[e]["failure"] for e in range(4)] == ["timeout", "crash", "timeout", None]
+  assert [records[e]["raw"] for e in range(4)] == pytest.approx([-0.5, None, -0.5, 0.75])
+  # A checkpoint written before samples kept their failure marks a failed one `failed`:
+  # it restores as a crash, as such a sample was credited then.
+  for p in host["pending"]:
+    p["failed"] = p.pop("failure") is not None
+    del p["failure_raw"]
+  sp.restore_host_state(host)
+  assert [p.failure for p in sp.pending] == ["crash", "crash", None, None]
 
 
 def test_eval_runs_every_n_iterations_and_after_the_last():

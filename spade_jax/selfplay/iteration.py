@@ -219,7 +219,24 @@ class DesignSample:
   iteration: int
   attempt: int = 0
   policy_version: int = 0
-  failed: bool = False          # its env hit a sandbox failure while played
+  # How its env failed while played, if it did: "timeout" (a call ran past the sandbox's
+  # deadline) or "crash" (any other sandbox failure). The program is then replaced at
+  # once, so its credit reads this and `failure_raw`, never the slot's later state.
+  failure: str | None = None
+  failure_raw: float = 0.0      # its env's raw score in the iteration it failed
+
+  @property
+  def failed(self) -> bool:
+    return self.failure is not None
+
+
+def _sample_fields(saved: dict[str, Any]) -> dict[str, Any]:
+  """A checkpointed `DesignSample`'s fields. Older checkpoints hold `failed` instead of
+  `failure`: their failed samples were credited as crashes, and still are."""
+  saved = dict(saved)
+  if "failed" in saved:
+    saved.setdefault("failure", "crash" if saved.pop("failed") else None)
+  return saved
 
 
 def regen_skills(skills: tuple[str, ...], per_regen: int, regen: int,
@@ -591,15 +608,23 @@ class SelfPlay:
     return episodes
 
   # -- credit ------------------------------------------------------------------
-  def _failed_designer_slots(self) -> list[int]:
-    """Slots whose designer program hit a sandbox failure; marks their pending sample."""
+  def _failed_designer_slots(self, out: rw.RewardOutput) -> list[int]:
+    """Slots whose designer program hit a sandbox failure; marks their pending sample.
+
+    The sample keeps its failure kind and its env's raw score of this iteration (a
+    timeout scores itself under `regret_based`): the slot is refilled before the credit.
+    """
     failed = np.asarray(self.buffer.failed)
-    out = [e for e, s in enumerate(self.slots) if s.origin == "designer" and failed[e]]
+    timed_out = np.asarray(self.buffer.timed_out)
+    raw = np.asarray(out.raw)
+    slots = [e for e, s in enumerate(self.slots) if s.origin == "designer" and failed[e]]
     for p in self.pending:
       slot = self.slots[p.slot]
-      if p.slot in out and p.reason is None and p.iteration == slot.written:
-        p.failed = True
-    return out
+      if (p.slot in slots and p.reason is None and p.iteration == slot.written
+          and not p.failed):
+        p.failure = "timeout" if timed_out[p.slot] else "crash"
+        p.failure_raw = float(raw[p.slot])
+    return slots
 
   def _blacklist(self, slots: list[int], it: int) -> None:
     """Failed designer programs are not played again (REFERENCE §2: blacklisted)."""
@@ -620,26 +645,33 @@ class SelfPlay:
     A = max(p.attempt for p in due) + 1
     kinds = np.zeros((E, A), np.int32)
     skill = np.zeros(E, np.int32)
+    # Per sample: a played one is scored by its slot's window now; a failed one by what it
+    # failed with (its slot plays a replacement since).
+    raw, timed_out = np.zeros((E, A), np.float32), np.zeros((E, A), bool)
+    slot_raw = np.asarray(out.raw)
     has_data = np.asarray(out.stats.has_data)
     for p in due:
-      slot = self.slots[p.slot]
+      slot, ea = self.slots[p.slot], (p.slot, p.attempt)
       skill[p.slot] = p.skill
       if p.reason is not None:
-        kinds[p.slot, p.attempt] = rw.INVALID
+        kinds[ea] = rw.INVALID
       elif p.failed:
-        kinds[p.slot, p.attempt] = rw.FAILED
+        kinds[ea] = rw.FAILED
+        raw[ea], timed_out[ea] = p.failure_raw, p.failure == "timeout"
       elif slot.origin == "designer" and slot.written == p.iteration and has_data[p.slot]:
-        kinds[p.slot, p.attempt] = rw.PLAYED
+        kinds[ea] = rw.PLAYED
+        raw[ea] = slot_raw[p.slot]
       else:
-        kinds[p.slot, p.attempt] = rw.NO_DATA
-    values, use = rw.credit(out.raw, kinds, skill, out.stats.timed_out, self.reward_cfg)
+        kinds[ea] = rw.NO_DATA
+    values, use = rw.credit(raw, kinds, skill, timed_out, self.reward_cfg)
     values, use = np.asarray(values), np.asarray(use)
     stats = jax.device_get(out.stats)
-    raw = np.asarray(out.raw)
+    scores_timeouts = self.reward_cfg.variant in rw.SCORES_TIMEOUTS
     rows = []
     for p in due:
       e, a, kind = p.slot, p.attempt, kinds[p.slot, p.attempt]
       played = kind == rw.PLAYED
+      own = played or (kind == rw.FAILED and timed_out[e, a] and scores_timeouts)
       if use[e, a]:
         mask = [False] * p.prompt_len + [True] * (len(p.tokens) - p.prompt_len)
         rows.append(Row(p.tokens, mask, p.logps, float(values[e, a]), "designer",
@@ -658,7 +690,8 @@ class SelfPlay:
           "Rh": float(stats.rh[e]) if played else None,
           "Rn0": float(stats.rn0[e]) if played else None,
           "w": float(stats.w[e]) if played else None,
-          "raw": float(raw[e]) if played else None,
+          "raw": float(raw[e, a]) if own else None,
+          "failure": p.failure,
           "reward": float(values[e, a]) if use[e, a] else None,
           "trained": bool(use[e, a]) and self.cfg.train_designer,
           "policy_version": p.policy_version})
@@ -697,7 +730,7 @@ class SelfPlay:
     out = rw.compute_rewards(self.buffer, self.reward_cfg)
     for k, v in out.metrics.items():
       metrics[f"rewards/{k}"] = float(v)
-    failed = self._failed_designer_slots()
+    failed = self._failed_designer_slots(out)
     rows = self._credit(it, out, metrics)
     self._blacklist(failed, it)
     metrics["env/blacklisted"] = len(failed)
@@ -752,7 +785,7 @@ class SelfPlay:
   def restore_host_state(self, host: dict[str, Any]) -> None:
     self.slots = [Slot(**s) for s in host["slots"]]
     self.fresh = np.asarray(host["fresh"], bool)
-    self.pending = [DesignSample(**p) for p in host["pending"]]
+    self.pending = [DesignSample(**_sample_fields(p)) for p in host["pending"]]
     if self.corpus is not None:
       self.corpus.restore(host["corpus"])
     self.memory = dz.EnvMemory.from_json(host["memory"], self.memory.config)

@@ -27,8 +27,11 @@ adds more):
 Credit: a cohort is the designer samples credited together (those written at one
 regeneration). Each sample's value is its env's raw score, or ``invalid_penalty`` for a
 program that failed validation, or ``crash_penalty`` for a valid program whose plays hit a
-sandbox failure (None: no gradient, as the reference). Values are centred on the mean
-value of the same skill in the cohort (no division by the std unless
+sandbox failure (None: no gradient, as the reference); under ``regret_based`` a program
+whose play timed out keeps its own score, ``timeout_score``. A failed program is replaced
+before its credit is due, so the caller passes each sample's raw score and timeout flag as
+they stood when it failed (the slot's current ones belong to its replacement). Values are
+centred on the mean value of the same skill in the cohort (no division by the std unless
 ``normalize_by_skill_std``) and multiplied by ``scale``, the reference's
 ``min(plays_per_env * regen_every, 50)`` when left None.
 """
@@ -50,6 +53,8 @@ from spade_jax.selfplay.buffer import RegretBuffer, masked_mean, window_back
 # What happened to one designer sample (the `kinds` argument of `credit`).
 NONE, PLAYED, INVALID, FAILED, NO_DATA = range(5)
 KIND_NAMES = ("none", "played", "invalid", "failed", "no_data")
+# Variants that score a timed-out program themselves (its FAILED sample keeps its raw).
+SCORES_TIMEOUTS = ("regret_based",)
 SCALE_CAP = 50.0
 
 
@@ -292,12 +297,16 @@ def credit(raw: jax.Array, kinds: jax.Array, skill: jax.Array, timed_out: jax.Ar
   """Rewards of one cohort of designer samples.
 
   Args:
-    raw: f32[E] raw score of each slot's program (``RewardOutput.raw``).
+    raw: f32[E, A] raw score of each sample: its slot's ``RewardOutput.raw`` at the credit
+      for a ``PLAYED`` sample; for a ``FAILED`` one, the slot's raw score in the iteration
+      it failed (read only when ``regret_based`` scores its timeout). Else unused.
     kinds: i32[E, A] what happened to each of a slot's (up to A) samples: ``NONE``,
       ``PLAYED`` (the slot's valid program; value ``raw``), ``INVALID``, ``FAILED`` or
       ``NO_DATA`` (valid but never played in the window: no gradient).
     skill: i32[E] skill the slot's samples were written for.
-    timed_out: bool[E] the slot's program timed out (``regret_based`` scores it itself).
+    timed_out: bool[E, A] a ``FAILED`` sample's program failed by a timeout rather than a
+      crash (``regret_based`` then scores it ``raw``, its own ``timeout_score``, instead of
+      the crash penalty).
     cfg: reward config (static); ``cfg.scale`` must be set.
 
   Returns:
@@ -305,9 +314,13 @@ def credit(raw: jax.Array, kinds: jax.Array, skill: jax.Array, timed_out: jax.Ar
   """
   if cfg.scale is None:
     raise ValueError("credit() needs RewardConfig.scale; resolve it with reference_scale().")
-  own = (kinds == PLAYED) | ((kinds == FAILED) & timed_out[:, None]
-                             & (cfg.variant == "regret_based"))
-  value = jnp.broadcast_to(raw[:, None], kinds.shape)
+  for name, x in (("raw", raw), ("timed_out", timed_out)):
+    if tuple(x.shape) != tuple(kinds.shape):
+      raise ValueError(f"credit(): {name} has shape {tuple(x.shape)}; it is per sample, "
+                       f"the shape of kinds {tuple(kinds.shape)} ([E, A]).")
+  own = (kinds == PLAYED) | ((kinds == FAILED) & jnp.asarray(timed_out, bool)
+                             & (cfg.variant in SCORES_TIMEOUTS))
+  value = jnp.asarray(raw, jnp.float32)
   use = own
   if cfg.invalid_penalty is not None:
     value = jnp.where(kinds == INVALID, jnp.float32(cfg.invalid_penalty), value)

@@ -1,6 +1,8 @@
 r"""Held-out evaluation of a checkpoint (REFERENCE §8): suites from `spade_jax.eval`.
 
   python -m launch.eval --hf_checkpoint=/ckpt/Qwen3-4B --suites=reasoning_gym,bfcl,humaneval
+  python -m launch.eval --init_from=gguf:smollm2_135m_instruct --suites=reasoning_gym \
+      --thinking=false   # also gguf:FILE, hf:DIR, orbax:DIR
   python -m launch.eval --workdir=/tmp/spade_jax/tiny [--step=N] --suites=humaneval --limit=5
   python -m launch.eval --hf_checkpoint=DIR --suites=aime,gpqa,livecodebench \
       --data_dir=/data/benchmarks --json > report.json
@@ -26,6 +28,8 @@ _HF = flags.DEFINE_string("hf_checkpoint", None,
                           "tokenizer.json).")
 _CKPT = flags.DEFINE_string("ckpt", None, "Model checkpoint written by launch.convert / "
                             "launch.export --orbax_out (with tokenizer.json).")
+_INIT_FROM = flags.DEFINE_string("init_from", None, "gguf:FILE (or gguf:PRESET), hf:DIR or "
+                                 "orbax:DIR, as model.init_from.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir (its config.json and "
                                "checkpoints).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step of --workdir (default: latest).")
@@ -75,34 +79,30 @@ def _overrides(items, suites_mod) -> dict:
 
 def _load(models):
   """(params, model config, vocab, description) of the chosen checkpoint."""
-  import os  # pylint: disable=g-import-not-at-top
   if _WORKDIR.value:
     from spade_jax.selfplay import workdir  # pylint: disable=g-import-not-at-top
     c, vocab, params, step = workdir.load_run(_WORKDIR.value, _STEP.value)
     return params, c.model, vocab, {"workdir": _WORKDIR.value, "step": step}
-  directory = _HF.value or _CKPT.value
-  flag = "--hf_checkpoint" if _HF.value else "--ckpt"
-  if not os.path.isdir(directory):
-    raise FileNotFoundError(f"{flag}={directory!r} is not a directory. Pass the directory "
-                            "that holds the checkpoint" + (" (config.json, *.safetensors, "
-                                                           "tokenizer.json)." if _HF.value
-                                                           else " (params/, model_config.json)."))
-  if _HF.value:
-    params, cfg = models.load_hf(directory)
+  if _INIT_FROM.value:
+    source, flag, given = _INIT_FROM.value, "--init_from", _INIT_FROM.value
+  elif _HF.value:
+    source, flag, given = f"hf:{_HF.value}", "--hf_checkpoint", _HF.value
   else:
-    params, cfg, _ = models.load_model(directory)
+    source, flag, given = f"orbax:{_CKPT.value}", "--ckpt", _CKPT.value
+  params, cfg, _, directory = models.load_checkpoint(source, field=flag)
   vocab = models.load_tokenizer(directory)
   if vocab is None:
     raise FileNotFoundError(f"{flag}={directory!r} has no tokenizer.json; copy the model's "
                             "tokenizer files there (the suites need text).")
-  return params, cfg, vocab, {flag[2:]: directory}
+  return params, cfg, vocab, {flag[2:]: given}
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if sum(bool(v) for v in (_HF.value, _CKPT.value, _WORKDIR.value)) != 1:
-    raise app.UsageError("Pass exactly one of --hf_checkpoint, --ckpt and --workdir.")
+  if sum(bool(v) for v in (_HF.value, _CKPT.value, _INIT_FROM.value, _WORKDIR.value)) != 1:
+    raise app.UsageError("Pass exactly one of --hf_checkpoint, --ckpt, --init_from and "
+                         "--workdir.")
   import jax  # pylint: disable=g-import-not-at-top
   from spade_jax import eval as ev, models, sampling  # pylint: disable=g-import-not-at-top
   from spade_jax.registry import UnknownNameError  # pylint: disable=g-import-not-at-top

@@ -1,8 +1,10 @@
-r"""Generates a continuation with a Hugging Face or converted checkpoint.
+r"""Generates a continuation with a Hugging Face, converted or GGUF checkpoint.
 
   python -m launch.generate --hf_checkpoint=/path/Qwen3-0.6B --prompt="Hello" \
       --max_new_tokens=32 --temperature=0
   python -m launch.generate --ckpt=/tmp/q3_06b --prompt_ids=1,2,3 --chat=false
+  python -m launch.generate --init_from=gguf:smollm2_135m_instruct --prompt="Hi" --chat \
+      --thinking=false   # also gguf:FILE, hf:DIR, orbax:DIR
 
 Prints one JSON object: {"prompt_ids", "ids", "text" (with a tokenizer)}.
 """
@@ -14,6 +16,8 @@ from absl import flags
 
 _HF = flags.DEFINE_string("hf_checkpoint", None, "HF checkpoint directory.")
 _CKPT = flags.DEFINE_string("ckpt", None, "Model checkpoint written by launch.convert.")
+_INIT_FROM = flags.DEFINE_string("init_from", None, "gguf:FILE (or gguf:PRESET), hf:DIR or "
+                                 "orbax:DIR, as model.init_from.")
 _PROMPT = flags.DEFINE_string("prompt", None, "Prompt text (needs tokenizer.json).")
 _PROMPT_IDS = flags.DEFINE_list("prompt_ids", None, "Comma-separated prompt token ids.")
 _CHAT = flags.DEFINE_bool("chat", False, "Wrap --prompt as a Qwen3 chat user turn.")
@@ -29,19 +33,20 @@ _COMPUTE = flags.DEFINE_string("compute_dtype", None, "Override the compute dtyp
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  if bool(_HF.value) == bool(_CKPT.value):
-    raise app.UsageError("Pass exactly one of --hf_checkpoint and --ckpt.")
+  if sum(bool(v) for v in (_HF.value, _CKPT.value, _INIT_FROM.value)) != 1:
+    raise app.UsageError("Pass exactly one of --hf_checkpoint, --ckpt and --init_from.")
   if bool(_PROMPT.value is not None) == bool(_PROMPT_IDS.value):
     raise app.UsageError("Pass exactly one of --prompt and --prompt_ids.")
   import dataclasses  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
   from spade_jax import models, sampling  # pylint: disable=g-import-not-at-top
-  directory = _HF.value or _CKPT.value
-  if _HF.value:
-    hf = models.read_hf_config(directory)
-    params, cfg = models.load_hf(directory)
+  if _INIT_FROM.value:
+    source, flag = _INIT_FROM.value, "--init_from"
+  elif _HF.value:
+    source, flag = f"hf:{_HF.value}", "--hf_checkpoint"
   else:
-    params, cfg, hf = models.load_model(directory)
+    source, flag = f"orbax:{_CKPT.value}", "--ckpt"
+  params, cfg, hf, directory = models.load_checkpoint(source, field=flag)
   if _COMPUTE.value:
     cfg = dataclasses.replace(cfg, compute_dtype=_COMPUTE.value)
   tok = models.load_tokenizer(directory)

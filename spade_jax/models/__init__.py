@@ -1,4 +1,4 @@
-"""Qwen3 / Qwen3-MoE decoder models, presets, HF interop and vocabularies."""
+"""Qwen3 / Qwen3-MoE / Llama decoder models, presets, HF and GGUF interop, vocabularies."""
 
 from spade_jax.models.config import ModelConfig, PRESETS, get_preset, preset_key
 from spade_jax.models.attention import (ATTENTION, DECODE_ATTENTION, DECODE_BLOCK,
@@ -12,7 +12,9 @@ from spade_jax.models.decode import decode_params, decode_step
 from spade_jax.models.vocab import ByteVocab
 from spade_jax.models.chat import ChatTemplate
 from spade_jax.models.hf import (config_from_hf, config_to_hf, copy_tokenizer_files,
-                                 load_hf, read_hf_config, save_hf)
+                                 hf_model_type, load_hf, read_hf_config, save_hf)
 from spade_jax.models.chat import render_chat
-from spade_jax.models.checkpoint_io import load_model, load_model_config, save_model
+from spade_jax.models.checkpoint_io import (load_checkpoint, load_model, load_model_config,
+                                            resolve_checkpoint, save_model)
+from spade_jax.models.gguf import cached_conversion, convert_gguf, preset_checkpoint
 from spade_jax.models.tokenizer import HFTokenizer, load_tokenizer

@@ -33,8 +33,10 @@ Sampling sections get their EOS and padding ids from the tokenizer; unset fields
 reference's values (:data:`ROLE_SAMPLING`).
 
 **A pretrained start.** ``model.init_from`` is ``""`` (random weights), ``"hf:DIR"`` (a
-Hugging Face checkpoint: config.json, safetensors, tokenizer.json) or ``"orbax:DIR"`` (a
-model checkpoint written by ``launch.convert`` or ``launch.export``). The architecture then
+Hugging Face checkpoint: config.json, safetensors, tokenizer.json), ``"orbax:DIR"`` (a
+model checkpoint written by ``launch.convert`` or ``launch.export``) or ``"gguf:FILE"`` (a
+llama.cpp file or a packaged preset's name, converted once into a cached HF directory and
+then read as ``hf:``; ``models.resolve_checkpoint``). The architecture then
 comes from the checkpoint; any architecture field the section also sets must agree with it
 (runtime fields in :data:`RUNTIME_FIELDS` may differ), and the tokenizer defaults to the
 checkpoint's. Every check reads only small JSON files, so a config whose model, tokenizer and
@@ -59,7 +61,8 @@ from spade_jax import envs, parallel, rl, sandbox
 from spade_jax.designer import Corpus, CorpusConfig, EnvMemory, MemoryConfig
 from spade_jax.eval import EvalConfig
 from spade_jax.models import (ByteVocab, HFTokenizer, ModelConfig, config_from_hf, load_hf,
-                              load_model, load_model_config, num_params, read_hf_config)
+                              load_model, load_model_config, num_params, read_hf_config,
+                              resolve_checkpoint)
 from spade_jax.sampling import SamplingConfig
 from spade_jax.selfplay.baselines import StaticPoolConfig, make_env_source
 from spade_jax.selfplay.iteration import RoleSampling, SelfPlay, SelfPlayConfig
@@ -84,7 +87,6 @@ SECTIONS = {
 RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "moe_impl",
                   "moe_capacity_factor", "attention", "decode_attention",
                   "max_position_embeddings")
-INIT_KINDS = ("hf", "orbax")
 
 # The reference's sampling per role (REFERENCE §1): T 0.6 / top-p 0.95 / top-k 20 for the
 # designer and the agent, T 0.3 for the hint writer.
@@ -120,15 +122,9 @@ def load_vocab(tokenizer: str):
 
 
 def parse_init_from(init_from: str) -> tuple[str, str]:
-  """``"hf:DIR"`` / ``"orbax:DIR"`` -> (kind, DIR); ``""`` -> ("", "")."""
-  if not init_from:
-    return "", ""
-  kind, _, path = init_from.partition(":")
-  if kind not in INIT_KINDS or not path:
-    raise ValueError(f"model.init_from={init_from!r}; expected '' (random weights), "
-                     "'hf:DIR' (a Hugging Face checkpoint) or 'orbax:DIR' (a model "
-                     "checkpoint from launch.convert / launch.export).")
-  return kind, os.path.expanduser(path)
+  """``"hf:DIR"`` / ``"orbax:DIR"`` -> (kind, DIR); ``"gguf:FILE"`` -> ("hf", the cached
+  conversion's DIR); ``""`` -> ("", "") (``models.resolve_checkpoint``)."""
+  return resolve_checkpoint(init_from, field="model.init_from")
 
 
 def model_config(section: Mapping[str, Any], dry_run: bool = False) -> tuple[ModelConfig, str]:
@@ -143,7 +139,12 @@ def model_config(section: Mapping[str, Any], dry_run: bool = False) -> tuple[Mod
   """
   section = dict(section)
   init_from = section.pop("init_from", "") or ""
-  kind, path = parse_init_from(init_from)
+  try:
+    kind, path = parse_init_from(init_from)
+  except FileNotFoundError:  # a gguf: file that is not there
+    if not dry_run:
+      raise
+    return make(ModelConfig, section, "model"), init_from
   if not kind:
     return make(ModelConfig, section, "model"), ""
   if not os.path.isdir(path):

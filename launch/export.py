@@ -4,7 +4,8 @@ r"""Exports a training workdir's weights as a Hugging Face checkpoint.
   python -m launch.export --workdir=DIR --orbax_out=DIR2   # a model checkpoint for init_from
 
 The Hugging Face directory holds config.json, model.safetensors and the run's tokenizer
-files; `transformers` loads it as Qwen3ForCausalLM / Qwen3MoeForCausalLM.
+files; `transformers` loads it as Qwen3ForCausalLM / Qwen3MoeForCausalLM, or
+LlamaForCausalLM for a model without q/k norm (e.g. one started from a GGUF file).
 """
 
 from absl import app

@@ -283,12 +283,14 @@ def write_tokenizer(meta: dict[str, Any], directory: str, where: str = "GGUF fil
   tok = tokenizers.Tokenizer(tokenizers.models.BPE(
       vocab={t: i for i, t in enumerate(tokens)}, merges=merges, fuse_unk=False,
       byte_fallback=False))
+  # A file without `tokenizer.ggml.pre` is taken to split as GPT-2 does.
   tok.pre_tokenizer = _pre_tokenizer(meta.get("tokenizer.ggml.pre", "gpt-2"), where)
   tok.decoder = tokenizers.decoders.ByteLevel()
   tok.post_processor = tokenizers.processors.ByteLevel(trim_offsets=False)
-  added = lambda kind, special: [
-      tokenizers.AddedToken(t, special=special, normalized=False)
-      for t, k in zip(tokens, types) if k == kind]
+  def added(kind, special):
+    return [tokenizers.AddedToken(t, special=special, normalized=False)
+            for t, k in zip(tokens, types) if k == kind]
+
   tok.add_special_tokens(added(_CONTROL, True))
   tok.add_tokens(added(_USER_DEFINED, False))
   os.makedirs(directory, exist_ok=True)

@@ -81,7 +81,7 @@ def test_math_verify_rejects_wrong_answers(gold, completion):
 
 def test_suites_are_registered_with_the_papers_sampling():
   assert set(ev.SUITES) == {"reasoning_gym", "bfcl", "humaneval", "aime", "gpqa",
-                            "livecodebench", "families"}
+                            "livecodebench", "families", "procedural"}
   aime, gpqa = ev.suite_config("aime"), ev.suite_config("gpqa")
   assert (aime.samples, aime.temperature) == (64, 1.0)
   assert (gpqa.samples, gpqa.temperature) == (8, 0.7)

@@ -55,7 +55,7 @@ def baseline(kind: str) -> dict:
 
 # The `eval` section with every knob present, so `--config.eval.suites=a,b` works under
 # lock_config; no suites: held-out evaluation is off.
-EVAL = dict(suites="", every=0, limit=0, samples=0, max_new_tokens=0, batch_size=0,
+EVAL = dict(suites="", every=0, at_start=False, limit=0, samples=0, max_new_tokens=0, batch_size=0,
             data_dir="", seed=0)
 
 # REFERENCE §9: each ablation as the config change that makes it.

@@ -12,6 +12,8 @@ suite              what                                                       da
 ``gpqa``           GPQA-Diamond, 8 samples at T 0.7                           local JSONL
 ``livecodebench``  LiveCodeBench, sandboxed tests, 1 sample at T 0.2          local JSONL
 ``families``       env families as the agent: held-out one, harder levels     procedural
+``procedural``     held-out reasoning-gym problems at one level, lenient and  procedural
+                   strict pass@1 / pass@k (the learning recipe's yardstick)
 =================  =========================================================  ==============
 
 Entry points: :func:`run_suites` (``{"<suite>/<metric>": score}``, for the training loop),
@@ -31,11 +33,12 @@ from spade_jax.eval.bfcl import BFCLConfig
 from spade_jax.eval.code import HumanEvalConfig, LiveCodeBenchConfig
 from spade_jax.eval.families import FamiliesConfig
 from spade_jax.eval.math_qa import AIMEConfig, GPQAConfig
+from spade_jax.eval.procedural import ProceduralConfig
 from spade_jax.eval.rgym import ReasoningGymConfig
 
 __all__ = [
     "AIMEConfig", "BFCLConfig", "EvalConfig", "FamiliesConfig", "GPQAConfig", "HumanEvalConfig",
-    "LiveCodeBenchConfig", "Progress", "ReasoningGymConfig", "SUITES", "ScriptedPolicy", "Suite",
+    "LiveCodeBenchConfig", "ProceduralConfig", "Progress", "ReasoningGymConfig", "SUITES", "ScriptedPolicy", "Suite",
     "SuiteConfig", "SuiteResult", "answers", "check_suites", "complete", "converse", "evaluate",
     "line_progress", "log_progress", "register", "run_suites", "sample_keys", "suite_config",
     "texts",

@@ -168,6 +168,8 @@ class EvalConfig:
     suites: suite names (keys of :data:`SUITES`), run in this order; a string is split at
       commas.
     every: run the suites every this many iterations (0: never during training).
+    at_start: also run them once before the first iteration of a fresh run (logged at
+      step 0), so a run's table has its starting point.
     limit: items per suite at most (0: the suite's default, usually all).
     samples: samples per item (0: the suite's default, the paper's).
     max_new_tokens: tokens per completion or turn (0: the suite's default).
@@ -181,6 +183,7 @@ class EvalConfig:
 
   suites: tuple[str, ...] = ()
   every: int = 0
+  at_start: bool = False
   limit: int = 0
   samples: int = 0
   max_new_tokens: int = 0

@@ -266,11 +266,16 @@ class RLVESource:
       raise ValueError(f"selfplay.env_source='rlve' writes single-turn games programs; got "
                        f"selfplay.setting={setting!r}. Set selfplay.setting='games'.")
     for f in cfg.families:
-      rlve_lib.check_family(f)
+      rlve_lib.check_family(f, cfg.scoring)
     self.cfg, self.seed = cfg, seed
+    cap = lambda f: (rlve_lib.max_level(f) if cfg.max_level < 0
+                     else min(cfg.max_level, rlve_lib.max_level(f)))
     self.controller = rlve_lib.DifficultyController(
-        {f: rlve_lib.max_level(f) for f in cfg.families}, attempts=cfg.attempts,
+        {f: cap(f) for f in cfg.families}, attempts=cfg.attempts,
         accuracy=cfg.accuracy, window=cfg.window, start_level=cfg.start_level)
+    # Questions of the held-out evaluation problems: never trained on.
+    self.held_out = {t["question"] for t in rlve_lib.held_out_tasks(
+        cfg.families, cfg.start_level, cfg.held_out_items, cfg.held_out_seed)}
     self.current: list[dict[str, Any]] = []  # per slot: the family and level it plays
 
   def draw(self, it: int, num_envs: int, pool) -> list[Drawn]:
@@ -281,9 +286,16 @@ class RLVESource:
       rng = np.random.default_rng([self.seed, it, e, 0x524C])
       family = families[int(rng.integers(len(families)))]
       level = self.controller.draw(family, rng)
-      task = rlve_lib.generate(family, level, int(rng.integers(2 ** 31)))
+      for _ in range(256):  # a held-out question is drawn again
+        task = rlve_lib.generate(family, level, int(rng.integers(2 ** 31)))
+        if task["question"] not in self.held_out:
+          break
+      else:
+        raise ValueError(f"rlve: 256 draws of {family!r} at level {level} all hit the "
+                         f"{len(self.held_out)} held-out questions; lower "
+                         "rlve.held_out_items or widen the level.")
       self.current.append({"family": family, "level": level})
-      out.append(Drawn(rlve_lib.task_program(task), self.name,
+      out.append(Drawn(rlve_lib.task_program(task, self.cfg.scoring), self.name,
                        f"{family}/{level}/{task['seed']}"))
     return out
 

@@ -115,6 +115,9 @@ class SelfPlayConfig:
       iteration draws them too (checkpointed: a run extended later plays them, as an
       uninterrupted one would). Needs `designer_sampling` equal to `sampling`. False:
       the reference's order.
+    agent_system: the agent's system turn: "default" (the setting's agent prompt,
+      `designer.agent_system_prompt`), "none" (no system turn: the task's text is the
+      whole prompt) or any other text, used as it is.
   """
 
   setting: str = "games"
@@ -145,6 +148,7 @@ class SelfPlayConfig:
   overlap_play: bool = False
   play_cohorts: int = 0
   design_ahead: bool = False
+  agent_system: str = "default"
 
   def __post_init__(self):
     object.__setattr__(self, "skills", tuple(self.skills))
@@ -531,7 +535,7 @@ class SelfPlay:
     hints = self._episode_hints(sorted(set(hinted)))
     specs += [EpisodeSpec(e, s, True, hints[(e, s)]) for e, s in hinted]
     args = (self.pool, [s.source or "" for s in self.slots], specs, self._policy(it, "agent"),
-            self.agent_chat, dz.agent_system_prompt(cfg.setting))
+            self.agent_chat, self.agent_system())
     kw = dict(max_turns=cfg.max_turns, max_turn_tokens=cfg.agent_turn_tokens,
               max_len=self.trainer.train_cfg.seq_len, setting=cfg.setting)
     if self._design_ahead_due(it):
@@ -766,6 +770,12 @@ class SelfPlay:
       if not ep.failed:
         rewards[e].add(ep.reward)
     return {e for e, r in rewards.items() if len(r) == 1}
+
+  def agent_system(self) -> str | None:
+    """The agent's system turn (`SelfPlayConfig.agent_system`)."""
+    if self.cfg.agent_system == "default":
+      return dz.agent_system_prompt(self.cfg.setting)
+    return None if self.cfg.agent_system == "none" else self.cfg.agent_system
 
   def skill_name(self, index: int) -> str:
     return envs.SKILLS[self.cfg.setting][index] if index >= 0 else ""

@@ -175,6 +175,14 @@ def train(config, workdir: str) -> dict[str, float]:
            "--config.iterations to continue.", start, c.iterations, workdir)
     last: dict[str, float] = {}
     every = max(1, c.checkpoint_every)
+    if start == 0 and c.eval.suites and c.eval.at_start:
+      _say("eval before training: %s ...", ",".join(c.eval.suites))
+      t1 = time.perf_counter()
+      first = evaluate_policy(sp, c.eval, pool)
+      first["time/eval"] = time.perf_counter() - t1
+      writer.write(0, first)
+      _say("eval at start | %s", " ".join(f"{k[5:]} {v:.3f}" for k, v in sorted(first.items())
+                                            if k.startswith("eval/")))
     for it in range(start, c.iterations):
       # The first iteration in a process compiles every program: show its phases.
       sp.on_phase = (lambda p, it=it: _say("  iter %d: %s ...", it + 1, p)) if it == start \

@@ -29,6 +29,10 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+import inspect
+
+from spade_jax.eval import lenient
+from spade_jax.eval.procedural import check_family, generate, held_out_tasks, max_level
 from spade_jax.eval.rgym import PROMPT
 
 # 16 families, as the reference ships 16 (REFERENCE §7): reasoning-gym datasets with a
@@ -43,6 +47,9 @@ DEFAULT_FAMILIES = (
 )
 
 
+SCORINGS = ("exact", "lenient")
+
+
 @dataclasses.dataclass(frozen=True)
 class RLVEConfig:
   """The ``rlve`` config section (used when ``selfplay.env_source="rlve"``).
@@ -55,6 +62,17 @@ class RLVEConfig:
     window: levels in a family's window at most; ``l = max(l, h - (window - 1))``
       (reference 4).
     start_level: every family's initial ``l = h``.
+    max_level: ``h`` never passes this level (-1: each family's hardest), e.g. 0 with
+      start_level 0 trains at one fixed level.
+    scoring: how a program reads and scores the answer: "exact" (the reference: the
+      last ``\boxed{}``, else ``<answer>``, equal to the oracle answer as a string) or
+      "lenient" (``eval.lenient``: the answer wherever it reasonably is, numbers compared
+      by value; families with their own decimal scorer allowed). A departure from the
+      reference for small models that do not yet write the format.
+    held_out_items: the first this many problems of ``eval.procedural.held_out_tasks``
+      (families, level ``start_level``, ``held_out_seed``) are never trained on: a
+      drawn problem with one of their questions is drawn again (0: no exclusion).
+    held_out_seed: the held-out problems' ``data_seed``.
   """
 
   families: tuple[str, ...] = DEFAULT_FAMILIES
@@ -62,6 +80,10 @@ class RLVEConfig:
   accuracy: float = 0.9
   window: int = 4
   start_level: int = 0
+  max_level: int = -1
+  scoring: str = "exact"
+  held_out_items: int = 0
+  held_out_seed: int = 0
 
   def __post_init__(self):
     families = (tuple(f for f in self.families.split(",") if f)
@@ -76,6 +98,13 @@ class RLVEConfig:
                        "and start_level >= 0.")
     if not 0.0 < self.accuracy <= 1.0:
       raise ValueError(f"rlve.accuracy={self.accuracy}; expected a value in (0, 1].")
+    if self.scoring not in SCORINGS:
+      raise ValueError(f"rlve.scoring={self.scoring!r}; expected one of {SCORINGS}.")
+    if self.max_level >= 0 and self.max_level < self.start_level:
+      raise ValueError(f"rlve.max_level={self.max_level} < rlve.start_level="
+                       f"{self.start_level}; raise max_level or use -1 (no cap).")
+    if self.held_out_items < 0:
+      raise ValueError(f"rlve.held_out_items={self.held_out_items}; expected >= 0.")
 
 
 @dataclasses.dataclass
@@ -162,62 +191,6 @@ class DifficultyController:
     self.families = {f: FamilyWindow(**state[f]) for f in self.families}
 
 
-def _reasoning_gym():
-  try:
-    import reasoning_gym  # pylint: disable=g-import-not-at-top,unused-import
-    from reasoning_gym import factory  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError(f"selfplay.env_source='rlve' needs the 'reasoning-gym' package ({e}); "
-                      "install the project's requirements.txt.") from e
-  return factory
-
-
-def check_family(name: str) -> str:
-  """Returns ``name`` if it can be an RLVE family; else raises saying why and what to do.
-
-  A family is a reasoning-gym dataset with a curriculum (its difficulty knobs) that keeps
-  the default exact-match ``score_answer``, which the env program reproduces.
-  """
-  from reasoning_gym.dataset import ProceduralDataset  # pylint: disable=g-import-not-at-top
-  factory = _reasoning_gym()
-  if name not in factory.DATASETS:
-    raise ValueError(f"rlve.families: {name!r} is not a reasoning-gym dataset; the defaults "
-                     f"are {list(DEFAULT_FAMILIES)}.")
-  if not factory.has_curriculum(name):
-    raise ValueError(f"rlve.families: reasoning-gym dataset {name!r} has no curriculum, so "
-                     "it has no difficulty levels; drop it from rlve.families.")
-  if factory.DATASETS[name][0].score_answer is not ProceduralDataset.score_answer:
-    raise ValueError(f"rlve.families: reasoning-gym dataset {name!r} scores answers with "
-                     "its own score_answer, which the single-turn env program does not "
-                     "reproduce (only exact match is); drop it from rlve.families.")
-  return name
-
-
-def max_level(family: str) -> int:
-  """The hardest level of ``family``: its curriculum's longest attribute, minus one."""
-  cur = _reasoning_gym().create_curriculum(family)
-  return max(len(a.levels) for a in cur.attributes.values()) - 1
-
-
-def generate(family: str, level: int, seed: int) -> dict[str, Any]:
-  """One problem of ``family`` at ``level`` (each knob at that level, or its hardest).
-
-  Returns:
-    {"family", "level", "seed", "question", "answer"}.
-  """
-  factory = _reasoning_gym()
-  from reasoning_gym.coaching.base_curriculum import (  # pylint: disable=g-import-not-at-top
-      DefaultCurriculumContext, RangeAttributeMode)
-  cur = factory.create_curriculum(family)
-  cur.set_global_level(level)
-  cfg = cur.generate_configuration(
-      {"seed": seed, "size": 1},
-      context=DefaultCurriculumContext(mode=RangeAttributeMode.UPPER_BOUND))
-  entry = factory.DATASETS[family][0](cfg)[0]
-  return {"family": family, "level": level, "seed": seed,
-          "question": str(entry["question"]), "answer": str(entry["answer"])}
-
-
 # The program's body: ANSWER and OBSERVATION are assigned above it as literals.
 # `_final_boxed_answer` mirrors spade_jax.eval.answers.final_answer (its name says "boxed",
 # so the sandbox passes the raw turn text).
@@ -275,13 +248,53 @@ class TaskEnv:
 '''
 
 
-def task_program(task: Mapping[str, Any]) -> str:
-  """The single-turn env program of a task from :func:`generate` (see the module doc)."""
-  return (f'"""RLVE task: reasoning-gym {task["family"]}, level {task["level"]}, '
+# "lenient": the module `eval.lenient` itself (standard library only) reads the answer, so
+# the reward equals what held-out evaluation counts for the same text.
+_LENIENT_BODY = r'''
+
+class TaskEnv:
+  """One question, one answer turn: reward 1.0 when the answer (read leniently, numbers
+  compared by value) is the oracle answer, else 0.0; info["strict"]: it was boxed."""
+
+  def __init__(self, max_turns=1, **kwargs):
+    self.max_turns = max_turns
+    self.done = False
+
+  def reset(self, seed=None, options=None):
+    self.done = False
+    return OBSERVATION, {}
+
+  def step(self, action):
+    if self.done:
+      return "The task is over.", 0.0, True, False, {}
+    self.done = True
+    result = score(action, ANSWER)
+    info = {"strict": bool(result["strict"])}
+    if result["lenient"]:
+      return "Correct.", 1.0, True, False, info
+    return "Incorrect.", 0.0, True, False, info
+
+  def solution(self):
+    return ["\\boxed{" + ANSWER + "}"]
+'''
+
+
+def task_program(task: Mapping[str, Any], scoring: str = "exact") -> str:
+  """The single-turn env program of a task from :func:`generate` (see the module doc).
+
+  ``scoring`` "exact" (the reference) or "lenient" (see :class:`RLVEConfig`).
+  """
+  if scoring not in SCORINGS:
+    raise ValueError(f"scoring={scoring!r}; expected one of {SCORINGS}.")
+  head = (f'"""RLVE task: reasoning-gym {task["family"]}, level {task["level"]}, '
           f'seed {task["seed"]}."""\n\n'
           f"ANSWER = {task['answer']!r}\n"
-          f"OBSERVATION = {PROMPT.format(question=task['question'])!r}\n" + _BODY)
+          f"OBSERVATION = {PROMPT.format(question=task['question'])!r}\n")
+  if scoring == "exact":
+    return head + _BODY
+  return head + "\n" + inspect.getsource(lenient) + _LENIENT_BODY
 
 
 __all__ = ["DEFAULT_FAMILIES", "DifficultyController", "FamilyWindow", "RLVEConfig",
-           "check_family", "generate", "max_level", "task_program"]
+           "SCORINGS", "check_family", "generate", "held_out_tasks", "max_level",
+           "task_program"]

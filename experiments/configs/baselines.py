@@ -40,15 +40,9 @@ def smoke_pool(setting: str = "games") -> str:
   matches the saved one), atomically.
   """
   path = os.path.join(common.cache_dir(), "static_pool_smoke", f"{setting}.jsonl")
-  text = "".join(json.dumps({"id": name, "program": source}) + "\n"
-                 for name, source in envs.builtin_programs(setting).items())
-  if not os.path.isfile(path) or open(path, encoding="utf-8").read() != text:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  return path
+  return common.write_once(path, "".join(
+      json.dumps({"id": name, "program": source}) + "\n"
+      for name, source in envs.builtin_programs(setting).items()))
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:

@@ -220,6 +220,19 @@ def tiny_hf_checkpoint(moe: bool = False) -> str:
   return out
 
 
+def write_once(path: str, text: str) -> str:
+  """Writes `text` to `path` unless it already holds exactly that (atomically: a temporary
+  file renamed into place), so a rerun's config names the same file with the same
+  content. Returns `path`."""
+  if not os.path.isfile(path) or open(path, encoding="utf-8").read() != text:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  return path
+
+
 def smoke(c: ml_collections.ConfigDict, moe: bool = False) -> None:
   """Shrinks a recipe to a CPU run through the same code path (a tiny HF checkpoint)."""
   c.iterations = 2
@@ -241,4 +254,4 @@ def smoke(c: ml_collections.ConfigDict, moe: bool = False) -> None:
 
 
 __all__ = ["ABLATIONS", "BASELINES", "EVAL", "apply", "baseline", "choose", "mesh_preset",
-           "parse_arg", "smoke", "tiny_hf_checkpoint"]
+           "parse_arg", "smoke", "tiny_hf_checkpoint", "write_once"]

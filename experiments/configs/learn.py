@@ -35,6 +35,8 @@ alone, as a TRL user would prompt), lr 1e-5, no top-k / top-p (TRL's sampling).
 """
 
 import dataclasses
+import json
+import os
 
 import ml_collections
 
@@ -102,19 +104,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 def game_pool(name: str, level: int) -> str:
   """A static-pool JSONL file holding the env family `name`'s program at `level`
   (written once into the cache, atomically; same path and content every time)."""
-  import json  # pylint: disable=g-import-not-at-top
-  import os  # pylint: disable=g-import-not-at-top
   from spade_jax.envs.families import FAMILIES  # pylint: disable=g-import-not-at-top
   path = os.path.join(common.cache_dir(), "learn_pools", f"{name}-{level}.jsonl")
-  text = json.dumps({"id": f"{name}-{level}",
-                     "program": FAMILIES[name].program_at(level)}) + "\n"
-  if not os.path.isfile(path) or open(path, encoding="utf-8").read() != text:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-      f.write(text)
-    os.replace(tmp, path)
-  return path
+  return common.write_once(path, json.dumps(
+      {"id": f"{name}-{level}", "program": FAMILIES[name].program_at(level)}) + "\n")
 
 
 def _game(c: ml_collections.ConfigDict, a) -> None:

@@ -13,58 +13,19 @@ from __future__ import annotations
 import re
 import threading
 
+from spade_jax.eval import lenient
+
 _CODE_BLOCK = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 # "Answer: C", "the answer is (B)", "**Answer:** D": the letter itself must be upper case.
 _ANSWER_LINE = re.compile(r"(?i:answer)(?:\s+(?i:is))?\s*[:：]?\s*\**\s*\(?([A-Z])\b")
 
 
-def strip_thinking(text: str) -> str:
-  """The part of ``text`` after its last ``</think>``; "" when a ``<think>`` is unclosed."""
-  if "</think>" in text:
-    return text.rsplit("</think>", 1)[1]
-  if "<think>" in text:
-    return text.split("<think>", 1)[0]
-  return text
-
-
-def last_boxed(text: str) -> str | None:
-  r"""Content of the last balanced ``\boxed{...}`` in ``text`` (to the end if unclosed)."""
-  start = text.rfind("\\boxed{")
-  if start < 0:
-    return None
-  i = j = start + len("\\boxed{")
-  depth = 1
-  while j < len(text):
-    if text[j] == "{":
-      depth += 1
-    elif text[j] == "}":
-      depth -= 1
-      if depth == 0:
-        return text[i:j]
-    j += 1
-  return text[i:]
-
-
-def answer_tag(text: str) -> str | None:
-  """Content of the last complete ``<answer>...</answer>``, or None."""
-  end = text.rfind("</answer>")
-  if end < 0:
-    return None
-  start = text.rfind("<answer>", 0, end)
-  return None if start < 0 else text[start + len("<answer>"):end]
-
-
-def final_answer(text: str) -> tuple[str | None, str]:
-  r"""(answer, how): the stripped last ``\boxed{}`` ("boxed"), else ``<answer>`` ("tag"),
-  of the text after thinking; (None, "none") when there is neither."""
-  visible = strip_thinking(text)
-  boxed = last_boxed(visible)
-  if boxed is not None:
-    return boxed.strip(), "boxed"
-  tagged = answer_tag(visible)
-  if tagged is not None:
-    return tagged.strip(), "tag"
-  return None, "none"
+# The readers live in `lenient` (standard library only), whose source is also the scoring code
+# of the sandboxed task programs: one parser for evaluation and training rewards.
+strip_thinking = lenient.visible_text
+last_boxed = lenient.last_boxed
+answer_tag = lenient.answer_tag
+final_answer = lenient.final_answer
 
 
 def choice_letter(text: str, letters: str = "ABCD") -> str | None:

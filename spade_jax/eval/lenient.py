@@ -37,6 +37,12 @@ def visible_text(text):
 
 def boxed(text):
   r"""Stripped content of the last balanced ``\boxed{...}`` (to the end if unclosed)."""
+  found = last_boxed(text)
+  return None if found is None else found.strip()
+
+
+def last_boxed(text):
+  r"""Content of the last balanced ``\boxed{...}`` in ``text`` (to the end if unclosed)."""
   start = text.rfind("\\boxed{")
   if start < 0:
     return None
@@ -48,17 +54,31 @@ def boxed(text):
     elif text[j] == "}":
       depth -= 1
       if depth == 0:
-        return text[i:j].strip()
+        return text[i:j]
     j += 1
-  return text[i:].strip()
+  return text[i:]
 
 
-def _answer_tag(text):
+def answer_tag(text):
+  """Content of the last complete ``<answer>...</answer>``, or None."""
   end = text.rfind("</answer>")
   if end < 0:
     return None
   start = text.rfind("<answer>", 0, end)
-  return None if start < 0 else text[start + len("<answer>"):end].strip()
+  return None if start < 0 else text[start + len("<answer>"):end]
+
+
+def final_answer(text):
+  r"""(answer, how): the stripped last ``\boxed{}`` ("boxed"), else ``<answer>`` ("tag"),
+  of the text after thinking; (None, "none") when there is neither."""
+  visible = visible_text(text)
+  found = boxed(visible)
+  if found is not None:
+    return found, "boxed"
+  tagged = answer_tag(visible)
+  if tagged is not None:
+    return tagged.strip(), "tag"
+  return None, "none"
 
 
 def _first_number(text):
@@ -74,13 +94,10 @@ def _last_number(text):
 def lenient_answer(text):
   """(answer, how) read leniently; how is "boxed", "tag", "phrase", "equals", "number"
   or "none" (answer None)."""
+  found, how = final_answer(text)
+  if found is not None:
+    return found, how
   text = visible_text(text)
-  found = boxed(text)
-  if found is not None:
-    return found, "boxed"
-  found = _answer_tag(text)
-  if found is not None:
-    return found, "tag"
   phrases = list(_PHRASE.finditer(text))
   if phrases:
     rest = text[phrases[-1].end():]

@@ -12,10 +12,11 @@ counts 16. ``h`` stops at the family's hardest curriculum level.
 problem (question and answer) is generated on the host, and :func:`task_program` writes a
 small single-turn games program with both as string literals; the program runs in the
 sandbox like any other, so no model-written text is scored in the trainer process. Its
-parser mirrors :func:`spade_jax.eval.answers.final_answer` (text after the last
-``</think>``, the last balanced ``\boxed{}``, else ``<answer>...</answer>``, stripped);
-because it parses ``boxed`` itself the sandbox hands it the raw turn (action mode "auto"
--> "raw"). Reward 1.0 exactly when that answer equals the oracle answer, else 0.0: the
+parser is the module :mod:`spade_jax.eval.lenient` itself, embedded in the program
+(``eval.answers.final_answer``: text after the last ``</think>``, the last balanced
+``\boxed{}``, else ``<answer>...</answer>``, stripped); because it parses ``boxed``
+itself the sandbox hands it the raw turn (action mode "auto" -> "raw"). Reward 1.0
+exactly when that answer equals the oracle answer, else 0.0: the
 full-credit case of reasoning-gym's default ``score_answer`` (its partial credit for an
 answer that merely contains the oracle is dropped: rewards, accuracy and the held-out
 win rate all count exact answers only). Only families that keep the default scorer are
@@ -191,40 +192,18 @@ class DifficultyController:
     self.families = {f: FamilyWindow(**state[f]) for f in self.families}
 
 
-# The program's body: ANSWER and OBSERVATION are assigned above it as literals.
-# `_final_boxed_answer` mirrors spade_jax.eval.answers.final_answer (its name says "boxed",
-# so the sandbox passes the raw turn text).
+# The program's body: ANSWER, OBSERVATION and SCORING are assigned above it, then the
+# module `eval.lenient` itself (standard library only): the answer is read by the very code
+# held-out evaluation uses, so a reward and an evaluation of the same text agree.
 _BODY = r'''
 
-def _final_boxed_answer(text):
-  """The stripped last balanced boxed answer after the last </think>, else <answer>."""
-  if "</think>" in text:
-    text = text.rsplit("</think>", 1)[1]
-  elif "<think>" in text:
-    text = text.split("<think>", 1)[0]
-  start = text.rfind("\\boxed{")
-  if start >= 0:
-    i = j = start + len("\\boxed{")
-    depth = 1
-    while j < len(text):
-      if text[j] == "{":
-        depth += 1
-      elif text[j] == "}":
-        depth -= 1
-        if depth == 0:
-          return text[i:j].strip()
-      j += 1
-    return text[i:].strip()
-  end = text.rfind("</answer>")
-  if end >= 0:
-    begin = text.rfind("<answer>", 0, end)
-    if begin >= 0:
-      return text[begin + len("<answer>"):end].strip()
-  return None
-
-
 class TaskEnv:
-  """One question, one answer turn: reward 1.0 for the exact answer, else 0.0."""
+  """One question, one answer turn: reward 1.0 for the right answer, else 0.0.
+
+  SCORING "exact": the stripped last boxed answer after thinking, else the answer tag,
+  equal to ANSWER as a string; "lenient": the answer wherever it reasonably is, numbers
+  compared by value. info["strict"]: the last boxed answer was right.
+  """
 
   def __init__(self, max_turns=1, **kwargs):
     self.max_turns = max_turns
@@ -238,39 +217,12 @@ class TaskEnv:
     if self.done:
       return "The task is over.", 0.0, True, False, {}
     self.done = True
-    answer = _final_boxed_answer(action)
-    if answer == ANSWER:
-      return "Correct.", 1.0, True, False, {}
-    return "Incorrect.", 0.0, True, False, {}
-
-  def solution(self):
-    return ["\\boxed{" + ANSWER + "}"]
-'''
-
-
-# "lenient": the module `eval.lenient` itself (standard library only) reads the answer, so
-# the reward equals what held-out evaluation counts for the same text.
-_LENIENT_BODY = r'''
-
-class TaskEnv:
-  """One question, one answer turn: reward 1.0 when the answer (read leniently, numbers
-  compared by value) is the oracle answer, else 0.0; info["strict"]: it was boxed."""
-
-  def __init__(self, max_turns=1, **kwargs):
-    self.max_turns = max_turns
-    self.done = False
-
-  def reset(self, seed=None, options=None):
-    self.done = False
-    return OBSERVATION, {}
-
-  def step(self, action):
-    if self.done:
-      return "The task is over.", 0.0, True, False, {}
-    self.done = True
-    result = score(action, ANSWER)
-    info = {"strict": bool(result["strict"])}
-    if result["lenient"]:
+    if SCORING == "lenient":
+      right = score(action, ANSWER)["lenient"]
+    else:
+      right = final_answer(action)[0] == ANSWER
+    info = {"strict": strict_answer(action) == ANSWER}
+    if right:
       return "Correct.", 1.0, True, False, info
     return "Incorrect.", 0.0, True, False, info
 
@@ -286,13 +238,11 @@ def task_program(task: Mapping[str, Any], scoring: str = "exact") -> str:
   """
   if scoring not in SCORINGS:
     raise ValueError(f"scoring={scoring!r}; expected one of {SCORINGS}.")
-  head = (f'"""RLVE task: reasoning-gym {task["family"]}, level {task["level"]}, '
+  return (f'"""RLVE task: reasoning-gym {task["family"]}, level {task["level"]}, '
           f'seed {task["seed"]}."""\n\n'
           f"ANSWER = {task['answer']!r}\n"
-          f"OBSERVATION = {PROMPT.format(question=task['question'])!r}\n")
-  if scoring == "exact":
-    return head + _BODY
-  return head + "\n" + inspect.getsource(lenient) + _LENIENT_BODY
+          f"OBSERVATION = {PROMPT.format(question=task['question'])!r}\n"
+          f"SCORING = {scoring!r}\n\n" + inspect.getsource(lenient) + _BODY)
 
 
 __all__ = ["DEFAULT_FAMILIES", "DifficultyController", "FamilyWindow", "RLVEConfig",

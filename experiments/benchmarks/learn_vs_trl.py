@@ -24,6 +24,7 @@ experiments/learn/results/learn_vs_trl-<seed>-<time>.json. TRL runs in .venv-pee
 (experiments/benchmarks/peers_venv.sh creates it).
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -84,8 +85,7 @@ def evaluate_hf(directory: str, config) -> dict:
   from spade_jax import models, sampling  # pylint: disable=g-import-not-at-top
   from spade_jax.selfplay import build  # pylint: disable=g-import-not-at-top
   params, cfg, _, _ = models.load_checkpoint("hf:" + directory)
-  cfg = models.ModelConfig(**{**cfg.__dict__, "param_dtype": "float32",
-                              "compute_dtype": "float32"})
+  cfg = dataclasses.replace(cfg, param_dtype="float32", compute_dtype="float32")
   vocab = models.HFTokenizer(directory)
   chat = models.ChatTemplate(vocab, thinking=config.selfplay.agent_thinking)
   ev = build.resolve(config).eval
@@ -106,11 +106,9 @@ def _series(path: str, key: str) -> dict[int, float]:
 
 def _ours(config, workdir: str) -> dict:
   from spade_jax.selfplay import loop  # pylint: disable=g-import-not-at-top
-  if not os.path.isfile(os.path.join(workdir, "metrics.jsonl")) or \
-      max(_series(os.path.join(workdir, "metrics.jsonl"), "time/train") or [0]) < \
-      config.iterations:
-    loop.train(config, workdir)
   m = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.isfile(m) or max(_series(m, "time/train"), default=0) < config.iterations:
+    loop.train(config, workdir)  # trains, or resumes a run that stopped early
   reward = _series(m, "agent/reward_nohint")
   play, train = _series(m, "time/play"), _series(m, "time/train")
   evals = {}

@@ -2,6 +2,7 @@ r"""The library's one answer parser (`sandbox.worker.actions`): its readings, th
 task programs and the sandbox use it, and that no other `\boxed` reader appears anywhere."""
 
 import ast
+import importlib.util
 import inspect
 import pathlib
 import subprocess
@@ -97,6 +98,19 @@ def test_task_programs_embed_the_parser_and_score_alike():
     env.reset()
     reward = env.step(text)[1]
     assert reward == float(actions.score(text, "1/2")["lenient"]), text
+
+
+def test_the_parser_stands_alone():
+  # Task programs embed it and the TRL peer benchmark loads it from its file: `re` only.
+  path = ROOT / "spade_jax/sandbox/worker/actions.py"
+  imports = {a.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Import)
+             for a in n.names}
+  assert imports == {"re"} and not any(isinstance(n, ast.ImportFrom)
+                                       for n in ast.walk(ast.parse(path.read_text())))
+  spec = importlib.util.spec_from_file_location("standalone_actions", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  assert module.score(r"\boxed{ 3 }", "3")["strict"] and module.last_boxed("x") is None
 
 
 PROGRAM = '''

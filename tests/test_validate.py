@@ -203,7 +203,8 @@ def test_a_program_crash_in_tool_reset_is_still_a_crash(pool):
 
 
 def test_a_contract_outcome_counts_as_a_failed_play():
-  from spade_jax.selfplay.episodes import Episode, EpisodeSpec  # pylint: disable=import-outside-toplevel
+  from spade_jax.selfplay.episodes import (Episode,  # pylint: disable=import-outside-toplevel
+                                           EpisodeSpec)
   ep = Episode(EpisodeSpec(env=0, seed=0), [], [], [])
   for outcome, failed in (("contract", True), ("crash", True), ("solved", False)):
     ep.outcome = outcome

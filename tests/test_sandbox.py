@@ -421,7 +421,7 @@ def test_close_kills_everything():
     hs = p.start([fixture("hostile_lingering")] * 2)
     p.reset_many(hs)
     pids = list(p.worker_pids)
-    base = p._base  # pylint: disable=protected-access
+    base = p.supply.base
   assert not wait_gone(pids)
   assert not os.path.exists(base)
 
@@ -584,7 +584,7 @@ class SiblingEnv:
 @pytest.fixture(scope="module")
 def fork_pool():
   with EnvPool(FORK_CFG) as p:
-    if p._server is None:  # pylint: disable=protected-access
+    if p.supply.server is None:
       pytest.skip(f"no fork server on this host: {p.fork_server_note}")
     yield p
 
@@ -628,10 +628,10 @@ def test_forked_workers_see_only_scratch_under_private_tmp():
   cfg = dataclasses.replace(FORK_CFG, use_bwrap=False, landlock=False, seccomp=False,
                             num_workers=0)
   with EnvPool(cfg) as p:
-    base = p._base  # pylint: disable=protected-access
+    base = p.supply.base
     if p.plan.launcher != "unshare" or os.geteuid() != 0 or not base.startswith("/tmp/"):
       pytest.skip("needs unshare as root and the pool's base dir under /tmp")
-    if p._server is None:  # pylint: disable=protected-access
+    if p.supply.server is None:
       pytest.skip(f"no fork server on this host: {p.fork_server_note}")
     planted = os.path.join(base, "planted")
     os.mkdir(planted)
@@ -676,13 +676,13 @@ def test_forked_worker_network_and_parent(fork_pool):
     listener.close()
   _, r = run_one(fork_pool, "hostile_kill_parent", options={"trainer_pid": os.getpid()})
   assert r.ok and f"{os.getpid()}:killed" not in r.value[0], r
-  assert fork_pool._server.alive  # pylint: disable=protected-access
+  assert fork_pool.supply.server.alive
 
 
 def test_forked_worker_memory_limit():
   cfg = dataclasses.replace(FORK_CFG, memory_mb=160, call_timeout_s=10.0, num_workers=0)
   with EnvPool(cfg) as p:
-    if p._server is None:  # pylint: disable=protected-access
+    if p.supply.server is None:
       pytest.skip(f"no fork server on this host: {p.fork_server_note}")
     _, r = run_one(p, "hostile_memory_bomb")
     assert not r.ok and r.reason == "memory", r
@@ -747,7 +747,7 @@ def test_self_test_reports_the_same_layers_forked_and_spawned():
   reports = {}
   for fork in (True, False):
     with EnvPool(dataclasses.replace(TEST_CFG, fork_server=fork, num_workers=0)) as p:
-      if fork and p._server is None:  # pylint: disable=protected-access
+      if fork and p.supply.server is None:
         pytest.skip(f"no fork server on this host: {p.fork_server_note}")
       assert ("forked" in p.fork_server_note) == fork, p.fork_server_note
       reports[fork] = p.report
@@ -757,14 +757,14 @@ def test_self_test_reports_the_same_layers_forked_and_spawned():
 
 
 def _kill_server(pool):
-  server = pool._server  # pylint: disable=protected-access
+  server = pool.supply.server
   os.killpg(server.proc.pid, signal.SIGKILL)
   server.proc.wait(timeout=5)
 
 
 def test_fork_server_death_restarts_it(caplog):
   with caplog.at_level("WARNING"), EnvPool(FORK_CFG) as p:
-    if p._server is None:  # pylint: disable=protected-access
+    if p.supply.server is None:
       pytest.skip(f"no fork server on this host: {p.fork_server_note}")
     h = p.start([builtin_program("guess_number")])[0]
     assert p.reset_many([h], seeds=[0])[0].ok
@@ -784,10 +784,10 @@ def test_fork_server_death_restarts_it(caplog):
 
 
 def test_fork_server_that_keeps_dying_gives_way_to_spawning(monkeypatch, caplog):
-  from spade_jax.sandbox import pool as pool_module  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(pool_module, "_MAX_SERVER_RESTARTS", 0)
+  from spade_jax.sandbox import supply  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(supply, "MAX_SERVER_RESTARTS", 0)
   with caplog.at_level("WARNING"), EnvPool(dataclasses.replace(FORK_CFG, num_workers=0)) as p:
-    if p._server is None:  # pylint: disable=protected-access
+    if p.supply.server is None:
       pytest.skip(f"no fork server on this host: {p.fork_server_note}")
     _kill_server(p)
     h = p.start([builtin_program("guess_number")])[0]

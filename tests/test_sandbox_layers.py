@@ -351,3 +351,63 @@ def test_default_action_mode_stays_auto(bare_pool):
   bare_pool.release([h])
   with pytest.raises(ValueError, match="tool_call"):
     bare_pool.start([ECHO], action_mode="json")
+
+
+# ---- the worker package -----------------------------------------------------------------
+
+WORKER_DIR = pathlib.Path(__file__).resolve().parents[1] / "spade_jax" / "sandbox" / "worker"
+
+
+def _worker_entry():
+  import importlib.util  # pylint: disable=import-outside-toplevel
+  spec = importlib.util.spec_from_file_location("worker_entry", WORKER_DIR / "__main__.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_worker_modules_are_standard_library_only():
+  import ast  # pylint: disable=import-outside-toplevel
+  from spade_jax.sandbox import worker  # pylint: disable=import-outside-toplevel
+  assert _worker_entry().MODULES == worker.MODULES
+  for path in WORKER_DIR.glob("*.py"):
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.Import):
+        names = [a.name for a in node.names]
+      elif isinstance(node, ast.ImportFrom) and node.level == 0:
+        names = [node.module]
+      else:
+        continue
+      for name in names:
+        assert name.split(".")[0] in sys.stdlib_module_names, (path.name, name)
+
+
+def test_worker_runs_the_pools_precompiled_code_else_its_sources(tmp_path):
+  import marshal  # pylint: disable=import-outside-toplevel
+  from spade_jax.sandbox import isolation  # pylint: disable=import-outside-toplevel
+  entry = _worker_entry()
+  path = isolation.write_worker_code(str(tmp_path))
+  codes = marshal.loads(pathlib.Path(path).read_bytes())
+  assert sorted(codes) == sorted(entry.MODULES)
+  # A marked copy shows which code a worker ran.
+  codes["actions"] = compile("MARK = 'precompiled'\n" + (WORKER_DIR / "actions.py").read_text(),
+                             str(WORKER_DIR / "actions.py"), "exec")
+  pathlib.Path(path).write_bytes(marshal.dumps(codes))
+  loaded = entry.load(isolation.worker_code_spec(path, sys.hexversion))
+  assert loaded["actions"].MARK == "precompiled"
+  assert loaded["host"].actions is loaded["actions"]  # relative imports resolve in the copy
+  # Another interpreter version compiles the sources next to the entry.
+  loaded = entry.load(isolation.worker_code_spec(path, sys.hexversion + 1))
+  assert not hasattr(loaded["actions"], "MARK")
+  assert loaded["host"].parses_boxed("x = t.rfind('\\\\boxed{')")
+  assert not [m for m in sys.modules if m.startswith(entry.PACKAGE)]  # none stays importable
+
+
+def test_a_program_finds_no_worker_module(bare_pool):
+  src = ("import sys\n\nclass ModsEnv:\n  def reset(self, seed=None, options=None):\n"
+         "    return ' '.join(m for m in sys.modules if 'worker' in m or 'spade' in m), {}\n"
+         "  def step(self, a):\n    return '', 0.0, True, False, {}\n")
+  h = bare_pool.start([src])[0]
+  r = bare_pool.reset_many([h])[0]
+  assert r.ok and r.value[0] == "", r
+  bare_pool.release([h])

@@ -126,7 +126,7 @@ _BAD_BASE = envs.builtin_program("library_loans")
     # Every criterion already holds at reset.
     (("lambda: b[self.want1][\"on_loan_to\"] == self.m1", "lambda: True"), None),
     # No tools declared.
-    (("self.tools = [", "self.tools = [] and ["), "crash"),
+    (("self.tools = [", "self.tools = [] and ["), "contract"),
 ])
 def test_reset_gate_and_contract_reject_bad_tool_programs(pool, change, reason):
   source = _BAD_BASE.replace(*change)

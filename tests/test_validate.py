@@ -168,3 +168,57 @@ def test_behaviour_checks_switch_back_to_load_and_reset(pool):
     assert validate_program(fixture(name), pool, plain).valid, name
   assert validate_program("```python\nclass BrokenEnv(:\n  pass\n```", pool,
                           plain).reason == "syntax"
+
+
+# ---- tool-use contract breaches ------------------------------------------------------
+
+TOOL_CFG = dataclasses.replace(CFG, setting="tool_use", max_turns=8)
+
+
+def _library_loans(change=None):
+  src = builtin_programs("tool_use")["library_loans"]
+  if change is None:
+    return src
+  assert change[0] in src
+  return src.replace(*change)
+
+
+@pytest.mark.parametrize("change,detail", [
+    # Two tasks where 3-5 are required.
+    ((",\n        (f\"Now lend", ",\n        ] or [(f\"Now lend"), "got list of 2"),
+    # Tools that are not a list of named schemas.
+    (("self.tools = [", "self.tools = {'name': 'lend'} or ["), "got dict"),
+    (("self.tools = [", "self.tools = [{'title': 'lend'}] or ["), "got list of 1"),
+])
+def test_tool_contract_breaches_are_contract_not_crash(pool, change, detail):
+  v = validate_program(_library_loans(change), pool, TOOL_CFG)
+  assert v.reason == "contract", (v.reason, v.detail)
+  assert detail in v.detail and "Error" not in v.detail and "(at line" not in v.detail, v.detail
+
+
+def test_a_program_crash_in_tool_reset_is_still_a_crash(pool):
+  src = _library_loans(("self.tools = [", "self.tools = 1 / 0 or ["))
+  v = validate_program(src, pool, TOOL_CFG)
+  assert v.reason == "crash" and "ZeroDivisionError" in v.detail, v.detail
+
+
+def test_a_contract_outcome_counts_as_a_failed_play():
+  from spade_jax.selfplay.episodes import (Episode,  # pylint: disable=import-outside-toplevel
+                                           EpisodeSpec)
+  ep = Episode(EpisodeSpec(env=0, seed=0), [], [], [])
+  for outcome, failed in (("contract", True), ("crash", True), ("solved", False)):
+    ep.outcome = outcome
+    assert ep.failed == failed, outcome
+
+
+def test_check_env_says_contract_without_a_traceback(tmp_path):
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "two_tasks.py"
+  path.write_text(_library_loans((",\n        (f\"Now lend", ",\n        ] or [(f\"Now lend")))
+  repo = pathlib.Path(__file__).resolve().parents[1]
+  out = subprocess.run([sys.executable, "-m", "launch.check_env", str(path)], cwd=repo,
+                       capture_output=True, text=True, check=False, timeout=300)
+  assert out.returncode == 1, out.stderr[-2000:]
+  assert "INVALID (contract)" in out.stdout and "got list of 2" in out.stdout, out.stdout
+  assert "Traceback" not in out.stdout + out.stderr

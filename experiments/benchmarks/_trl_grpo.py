@@ -1,15 +1,15 @@
 """TRL's GRPOTrainer on a prepared problem stream: the peer side of learn_vs_trl.py.
 
 Runs in the peers environment (.venv-peers: torch, transformers, trl), never imports
-spade_jax (its answer reading, `spade_jax/eval/lenient.py`, is standard-library code and is
-loaded from its file so both sides pay the same reward for the same text).
+spade_jax (its answer reading, `spade_jax/sandbox/worker/actions.py`, is standard-library
+code and is loaded from its file so both sides pay the same reward for the same text).
 
   .venv-peers/bin/python experiments/benchmarks/_trl_grpo.py --spec=SPEC.json --out=DIR
 
 SPEC.json: {"model": HF dir, "problems": [{"prompt": text, "prompt_ids": [...],
 "answer": str}, ...] (in training order, `prompts_per_step` per step), "steps",
 "prompts_per_step", "group", "lr", "temperature", "max_new_tokens", "seed", "lenient":
-path of lenient.py}. Writes DIR/model (the trained weights, HF format) and
+path of the answer parser, spade_jax/sandbox/worker/actions.py}. Writes DIR/model (the trained weights, HF format) and
 DIR/trl_result.json (per-step reward, seconds per step split into generation and update,
 prompt-token agreement with spade_jax's ids).
 """

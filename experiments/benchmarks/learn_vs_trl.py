@@ -12,8 +12,8 @@ gives the same prompt ids), and share group size, learning rate and schedule (co
 AdamW (0.9, 0.98, wd 0.1), gradient clip 1, temperature (no top-k / top-p), max new
 tokens, token-level loss aggregation (TRL "dapo" = our "token_mean"), group z-scored
 advantages, beta 0, one update per generation and the number of steps. The reward is the
-same lenient answer check (`spade_jax/eval/lenient.py`, loaded from its file by the TRL
-side). Held-out accuracy of both trained models is measured by the same suite
+same lenient answer check (`spade_jax/sandbox/worker/actions.py`, the library's answer
+parser, loaded from its file by the TRL side). Held-out accuracy of both trained models is measured by the same suite
 (`eval.procedural`, the recipe's settings) with the same sampling seeds.
 
 Prints both reward curves, held-out lenient / strict accuracy before and after, the
@@ -140,7 +140,7 @@ def main(argv):
           "prompts_per_step": config.selfplay.num_envs, "group": config.selfplay.plays,
           "lr": config.optimizer.learning_rate, "temperature": config.sampling.temperature,
           "max_new_tokens": config.selfplay.agent_turn_tokens, "seed": seed,
-          "lenient": os.path.join(ROOT, "spade_jax", "eval", "lenient.py")}
+          "lenient": os.path.join(ROOT, "spade_jax", "sandbox", "worker", "actions.py")}
   trl_dir = os.path.join(base, "trl")
   os.makedirs(trl_dir, exist_ok=True)
   spec_path = os.path.join(trl_dir, "spec.json")

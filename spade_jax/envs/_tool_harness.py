@@ -29,8 +29,18 @@ import re as _spade_re
 _SPADE_THINK = _spade_re.compile(r"<think>.*?</think>", _spade_re.S)
 _SPADE_CALL = _spade_re.compile(r"<tool_call>(.*?)</tool_call>", _spade_re.S)
 _SPADE_ANSWER = _spade_re.compile(r"<answer>(.*?)</answer>", _spade_re.S)
+# The sandbox host defines SpadeContractError: a breach raised with it is reported as failure
+# kind "contract" (with its message), not as a crash of the program.
+_SpadeContract = globals().get("SpadeContractError", ValueError)
 _SPADE_NUDGE = ("Please continue: call the tools you need, or reply <answer>done</answer> "
                 "once every request has been carried out.")
+
+
+def _spade_got(value):
+  """A short description of a bad ``self.tools`` / ``self.tasks`` value."""
+  if isinstance(value, (list, tuple)):
+    return "%s of %d" % (type(value).__name__, len(value))
+  return type(value).__name__
 
 
 def _spade_tool_env(base):
@@ -46,16 +56,17 @@ def _spade_tool_env(base):
       tools, tasks = getattr(self, "tools", None), getattr(self, "tasks", None)
       if not isinstance(tools, list) or not tools or not all(
           isinstance(t, dict) and isinstance(t.get("name"), str) for t in tools):
-        raise ValueError("reset() must set self.tools to a non-empty list of JSON tool "
-                         "schemas, each a dict with a 'name'")
+        raise _SpadeContract("reset() must set self.tools to a non-empty list of JSON tool "
+                             "schemas, each a dict with a 'name'; got %s" % _spade_got(tools))
       for t in tools:
         if not callable(getattr(self, "tool_" + t["name"], None)):
-          raise ValueError("tool %r has no method tool_%s" % (t["name"], t["name"]))
+          raise _SpadeContract("tool %r has no method tool_%s" % (t["name"], t["name"]))
       if not isinstance(tasks, list) or not 3 <= len(tasks) <= 5 or not all(
           isinstance(t, (list, tuple)) and len(t) == 2 and isinstance(t[0], str)
           and callable(t[1]) for t in tasks):
-        raise ValueError("reset() must set self.tasks to 3-5 (user message, criterion) "
-                         "pairs; the criterion is a function returning a bool")
+        raise _SpadeContract("reset() must set self.tasks to 3-5 (user message, criterion) "
+                             "pairs; the criterion is a function returning a bool; got %s"
+                             % _spade_got(tasks))
       self._spade_done = 0
       self._spade_turns = 0
       gate, errors = [], []

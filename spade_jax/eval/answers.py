@@ -10,22 +10,33 @@ inside its thinking has no answer.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 import threading
 
-from spade_jax.eval import lenient
+from spade_jax.sandbox.worker import actions
 
 _CODE_BLOCK = re.compile(r"```([A-Za-z0-9_+-]*)[ \t]*\n(.*?)```", re.DOTALL)
 # "Answer: C", "the answer is (B)", "**Answer:** D": the letter itself must be upper case.
 _ANSWER_LINE = re.compile(r"(?i:answer)(?:\s+(?i:is))?\s*[:：]?\s*\**\s*\(?([A-Z])\b")
 
 
-# The readers live in `lenient` (standard library only), whose source is also the scoring code
-# of the sandboxed task programs: one parser for evaluation and training rewards.
-strip_thinking = lenient.visible_text
-last_boxed = lenient.last_boxed
-answer_tag = lenient.answer_tag
-final_answer = lenient.final_answer
+# The readers are the library's one parser, `sandbox.worker.actions` (standard library only),
+# whose source is also the scoring code of the sandboxed task programs: one parser for the
+# sandbox's actions, evaluation and training rewards.
+strip_thinking = actions.visible_text
+last_boxed = actions.last_boxed
+answer_tag = actions.answer_tag
+final_answer = actions.final_answer
+
+
+@functools.lru_cache(maxsize=1)
+def scoring_source() -> str:
+  r"""The source task programs embed to read and score answers: the whole module
+  :mod:`spade_jax.sandbox.worker.actions` (``final_answer``, ``strict_answer``, ``score``
+  and the readers they use), which imports nothing but ``re``."""
+  return inspect.getsource(actions)
 
 
 def choice_letter(text: str, letters: str = "ABCD") -> str | None:

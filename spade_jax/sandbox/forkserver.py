@@ -1,11 +1,11 @@
 """Parent side of the fork server: one pre-imported zygote per pool forks every worker.
 
-The zygote is ``_worker.py`` started in zygote mode under the pool's launcher
-(bubblewrap, ``unshare`` or none), with the same namespaces, environment and
-uid as a worker started by itself. It loads the landlock/seccomp code, does
-the mounts every worker shares (accelerator nodes masked, a private tmpfs
-over world-writable dirs), pre-imports the pool's modules, then waits. A new
-worker then costs a ``fork`` instead of an interpreter start.
+The zygote is the worker package (``worker/zygote.py``) started in zygote mode
+under the pool's launcher (bubblewrap, ``unshare`` or none), with the same
+namespaces, environment and uid as a worker started by itself. It loads the
+landlock/seccomp code, does the mounts every worker shares (accelerator nodes
+masked, a private tmpfs over world-writable dirs), pre-imports the pool's
+modules, then waits. A new worker then costs a ``fork`` instead of an interpreter start.
 
 Each forked worker, before any program code runs, gets: its own session and
 process group; under a launcher, its own pid namespace (it is pid 1 there, so
@@ -66,7 +66,7 @@ class ForkServer:
   """A running zygote and the control socket to it.
 
   Args:
-    argv: command that starts ``_worker.py`` in zygote mode under the launcher.
+    argv: command that starts the worker package in zygote mode under the launcher.
     env: its whole environment.
     cwd: its working directory on the host.
     err_path: file that receives its stderr.
@@ -137,7 +137,7 @@ class ForkServer:
 
   def spawn(self, cfg: dict, scratch: str, err_path: str, uid: int | None,
             timeout_s: float) -> ForkedWorker:
-    """Forks one worker with per-worker config ``cfg`` (see ``_worker._child``).
+    """Forks one worker with per-worker config ``cfg`` (see ``worker/zygote.py``).
 
     Raises:
       ForkFailed: the server answered that it could not fork.

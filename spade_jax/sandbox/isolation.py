@@ -3,7 +3,7 @@
 Layers, strongest first, used where the host allows them:
 
 * bubblewrap: fresh mount namespace holding only read-only system and
-  interpreter directories, the worker script and a size-capped private tmpfs
+  interpreter directories, the worker package and a size-capped private tmpfs
   as scratch dir; a
   minimal /dev (no /dev/nvidia*, /dev/accel*, /dev/vfio); new pid, net, ipc,
   uts (and cgroup when possible) namespaces; all capabilities dropped except
@@ -54,12 +54,13 @@ import sys
 import sysconfig
 from collections.abc import Sequence
 
-from spade_jax.sandbox import _confine  # pylint: disable=unused-import,wrong-import-position
+from spade_jax.sandbox import _confine, worker  # pylint: disable=unused-import
 
 _log = logging.getLogger(__name__)
 
-WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker.py")
-CONFINE_SCRIPT = os.path.join(os.path.dirname(WORKER_SCRIPT), "_confine.py")
+WORKER_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker")
+WORKER_SCRIPT = os.path.join(WORKER_DIR, "__main__.py")
+CONFINE_SCRIPT = os.path.join(os.path.dirname(WORKER_DIR), "_confine.py")
 # Files outside the read-only trees that programs may read (no secrets in them).
 _READ_FILES = ("/etc/ld.so.cache", "/etc/localtime")
 _DEV_FILES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
@@ -188,7 +189,8 @@ def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
   Under bubblewrap the scratch dir is a private tmpfs of ``scratch_bytes`` at
   :data:`BWRAP_SCRATCH` (gone with the sandbox, never on the host disk);
   otherwise it is the host dir ``scratch``. ``extra_ro_files`` are host files
-  the worker reads at their host path (bound read-only under bubblewrap).
+  the worker reads at their host path (bound read-only under bubblewrap, like the
+  worker package's sources and ``_confine.py``).
   As root, the fork server keeps CAP_SYS_ADMIN under bubblewrap: each worker
   it forks creates its own pid, mount, ipc and uts namespaces and scratch
   tmpfs with it, then drops every capability (uid drop or ``capset``) before
@@ -212,8 +214,7 @@ def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
       elif os.path.isdir(d):
         argv += ["--ro-bind", d, d]
     binds = [("--ro-bind", d) for d in python_dirs(plan.python)]
-    binds += [("--ro-bind", p) for p in (WORKER_SCRIPT, CONFINE_SCRIPT)
-              if os.path.exists(p)]
+    binds += [("--ro-bind", p) for p in (WORKER_DIR, CONFINE_SCRIPT) if os.path.exists(p)]
     binds += [("--ro-bind", p) for p in extra_ro_files]
     # bwrap creates missing mount-point parents as 0700 root dirs, which the
     # unprivileged worker uid could not traverse; create them as 0755 first.
@@ -237,19 +238,40 @@ def worker_command(plan: IsolationPlan, scratch: str, config_json: str,
   return inner
 
 
+def _write_code(path: str, code) -> str:
+  with open(path, "wb") as f:
+    f.write(marshal.dumps(code))
+  os.chmod(path, 0o644)
+  return path
+
+
+def _compiled(path: str):
+  with open(path, "rb") as f:
+    return compile(f.read(), path, "exec")
+
+
 def write_confine_code(base_dir: str) -> str:
   """Marshals the compiled ``_confine`` module into ``base_dir``; returns the path.
 
   Workers (or the fork server, once per pool) run this instead of compiling
   the source; one whose interpreter version differs compiles the source.
   """
-  path = os.path.join(base_dir, "confine.code")
-  with open(CONFINE_SCRIPT, "rb") as f:
-    code = compile(f.read(), CONFINE_SCRIPT, "exec")
-  with open(path, "wb") as f:
-    f.write(marshal.dumps(code))
-  os.chmod(path, 0o644)
-  return path
+  return _write_code(os.path.join(base_dir, "confine.code"), _compiled(CONFINE_SCRIPT))
+
+
+def write_worker_code(base_dir: str) -> str:
+  """Marshals the compiled worker modules ({name: code}) into ``base_dir``; returns the path.
+
+  A worker's entry (``worker/__main__.py``) runs these instead of compiling the sources at
+  every start; one whose interpreter version differs compiles the sources.
+  """
+  codes = {name: _compiled(os.path.join(WORKER_DIR, name + ".py")) for name in worker.MODULES}
+  return _write_code(os.path.join(base_dir, "worker.code"), codes)
+
+
+def worker_code_spec(code_path: str, hexversion: int | None) -> dict:
+  """The worker config's ``worker_code`` entry for :func:`write_worker_code`'s file."""
+  return {"path": code_path, "hexversion": hexversion}
 
 
 def confine_spec(cfg, plan: IsolationPlan, scratch: str, code_path: str | None = None,

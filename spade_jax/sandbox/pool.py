@@ -1,12 +1,13 @@
 """EnvPool: env programs in sandboxed worker processes, driven in batches.
 
-Each env instance lives in its own worker process (see ``_worker.py`` for what
-runs inside and ``isolation.py`` for the OS layers around it). Workers are
-forked by one pre-imported zygote per pool (``forkserver.py``), so a fresh
-worker costs a fork, not an interpreter start; where the fork server cannot
-run, each worker is started by itself (launcher + interpreter). The pool
-also keeps ``num_workers`` warm idle workers, so a fresh env usually costs one
-load message; a worker is never reused for a second program.
+Each env instance lives in its own worker process (the package ``worker/`` is
+what runs inside, ``isolation.py`` the OS layers around it). The workers come
+from a :class:`~spade_jax.sandbox.supply.WorkerSupply`: forked by one
+pre-imported zygote per pool (``forkserver.py``), so a fresh worker costs a
+fork, not an interpreter start, or where the fork server cannot run each
+started by itself (launcher + interpreter); it keeps ``num_workers`` warm idle
+workers, so a fresh env usually costs one load message. A worker is never
+reused for a second program.
 
 Every call returns :class:`CallResult` objects. A crash, hang, limit breach,
 bad return type, NaN reward or oversized observation is an outcome with a
@@ -18,30 +19,17 @@ Thread safety: ``start``/``release``/``close`` may be called from several
 threads; one handle must not be used by two threads at once.
 """
 
-import collections
-import concurrent.futures
 import dataclasses
-import json
 import logging
 import math
-import os
-import random
-import shutil
-import sys
-import tempfile
-import threading
-import time
 from collections.abc import Sequence
 from typing import Any
 
 from spade_jax.registry import names
-from spade_jax.sandbox import forkserver, isolation
-from spade_jax.sandbox.config import DEFAULT_PREIMPORT, SandboxConfig
+from spade_jax.sandbox import isolation
+from spade_jax.sandbox.config import SandboxConfig
 from spade_jax.sandbox.process import ForkedWorker, Outcome, WorkerProcess, exchange
-
-# Fork-server deaths a pool recovers from by restarting it; after that it
-# starts each worker by itself.
-_MAX_SERVER_RESTARTS = 3
+from spade_jax.sandbox.supply import WorkerSupply
 
 _log = logging.getLogger(__name__)
 
@@ -150,41 +138,21 @@ def _check_value(op: str, value: Any, cap: int, method: str | None = None) -> st
         return problem
   return None
 
-
 class EnvPool:
   """A pool of sandboxed worker processes hosting env programs.
 
   Use as a context manager; ``close()`` kills every process it ever started.
+
+  Attributes:
+    config: the SandboxConfig.
+    supply: the worker processes behind the pool (:class:`WorkerSupply`).
+    report: the isolation self-test's report (None with ``self_test=False``).
   """
 
   def __init__(self, config: SandboxConfig | None = None):
-    self.config = config or SandboxConfig()
-    cfg = self.config
-    self.plan = isolation.plan_isolation(cfg)
-    self._base = tempfile.mkdtemp(prefix="spade_sandbox_", dir=cfg.scratch_root)
-    os.chmod(self._base, 0o711)
-    # Worker scratch dirs only: under a private /tmp the fork server keeps this
-    # dir visible, not the rest of the base dir (self-test files, logs).
-    self._scratch_root = os.path.join(self._base, "scratch")
-    os.mkdir(self._scratch_root, 0o711)
-    os.chmod(self._scratch_root, 0o711)
-    self._confine_code = isolation.write_confine_code(self._base)
-    self._lock = threading.Lock()
-    self._spares: collections.deque[WorkerProcess | ForkedWorker] = collections.deque()
-    self._live: dict[int, WorkerProcess | ForkedWorker] = {}
-    self._counter = 0
-    self._spawner = concurrent.futures.ThreadPoolExecutor(
-        1, thread_name_prefix="spade-sandbox-spawn")
-    self._uid_cursor = random.SystemRandom().randrange(cfg.uid_count)
-    self._closed = False
-    self._python_hexversion = sys.hexversion if isolation.worker_python(cfg.python) \
-        == isolation.worker_python() else None
-    self._server: forkserver.ForkServer | None = None
-    self._server_lock = threading.Lock()
-    self._server_restarts = 0
-    self.fork_server_note = ""
-    self._adopt(self.plan)
+    self.config = cfg = config or SandboxConfig()
     self.report: isolation.IsolationReport | None = None
+    self.supply = WorkerSupply(cfg, isolation.plan_isolation(cfg))
     if self.plan.launcher == "none" and cfg.mode == "strict":
       self.close()
       raise RuntimeError(
@@ -192,14 +160,14 @@ class EnvPool:
           f"nor unshare works on this host ({'; '.join(self.plan.notes)}). Install "
           "bubblewrap, run where user namespaces are allowed, or use mode='best_effort'.")
     if cfg.self_test:
-      self.report = isolation.self_test(self, self._base)
+      self.report = isolation.self_test(self, self.supply.base)
       while not self.report.layers.get("probe_ran", True) and self.plan.launcher != "none":
         weaker = dataclasses.replace(cfg, use_bwrap=False, use_unshare=(
             self.plan.launcher == "bwrap" and cfg.use_unshare))
         _log.warning("Sandbox workers fail under %s (%s); falling back to a weaker launcher.",
                      self.plan.launcher, self.report.detail)
-        self._adopt(isolation.plan_isolation(weaker))
-        self.report = isolation.self_test(self, self._base)
+        self.supply.adopt(isolation.plan_isolation(weaker))
+        self.report = isolation.self_test(self, self.supply.base)
       missing = [k for k, v in self.report.layers.items() if not v]
       log = _log.warning if missing else _log.info
       log("Sandbox isolation: %s; workers: %s", self.report.summary(), self.fork_server_note)
@@ -215,101 +183,34 @@ class EnvPool:
     else:
       _log.info("Sandbox launcher: %s (self-test disabled); workers: %s", self.plan.launcher,
                 self.fork_server_note)
-    self._refill()
+    self.supply.refill()
 
-  def _adopt(self, plan: isolation.IsolationPlan) -> None:
-    """Sets the launcher plan and what depends on it, and (re)starts the fork server."""
-    self.plan = plan
-    unshare_root = plan.launcher == "unshare" and os.geteuid() == 0
-    self._mask = isolation.accelerator_nodes() if unshare_root else []
-    self._tmpfs = isolation.world_writable_dirs() if unshare_root else []
-    with self._server_lock:
-      old, self._server = self._server, None
-    if old is not None:
-      old.close()
-    self._server_restarts = 0
-    # Pre-imports cost nothing per worker when the zygote holds them; a worker
-    # started by itself under bubblewrap boots fastest importing lazily.
-    preimport = self.config.preimport
-    self.preimport = DEFAULT_PREIMPORT if preimport is None else tuple(preimport)
-    server = self._start_server()
-    with self._server_lock:
-      self._server = server
-    if preimport is None and plan.launcher == "bwrap" and server is None:
-      self.preimport = ()
+  @property
+  def plan(self) -> isolation.IsolationPlan:
+    """The launcher plan in use."""
+    return self.supply.plan
 
-  def _start_server(self) -> "forkserver.ForkServer | None":
-    """Starts a fork server under the current plan; None (with a note why) if it cannot run."""
-    cfg = self.config
-    if not cfg.fork_server:
-      self.fork_server_note = "started one by one (SandboxConfig.fork_server=False)"
-      return None
-    ok, why = forkserver.supported()
-    if not ok:
-      self.fork_server_note = f"started one by one (no fork server: {why})"
-      _log.info("Sandbox fork server unavailable (%s); starting each worker by itself.", why)
-      return None
-    plan = self.plan
-    inside = isolation.inside_scratch(plan, self._base)
-    rlimits = {"RLIMIT_AS": cfg.memory_mb << 20, "RLIMIT_FSIZE": cfg.file_size_mb << 20,
-               "RLIMIT_NOFILE": max(cfg.max_open_files, 16), "RLIMIT_CORE": 0}
-    zcfg = {"zygote": True, "rlimits": rlimits, "mask_paths": self._mask,
-            "tmpfs_paths": self._tmpfs,
-            "keep_paths": [self._scratch_root] + isolation.python_dirs(plan.python),
-            "preimport": list(self.preimport), "pidns": plan.launcher != "none",
-            "scratch_probe": isolation.BWRAP_SCRATCH if plan.launcher == "bwrap" else None,
-            "confine": isolation.confine_spec(cfg, plan, inside, self._confine_code,
-                                              self._python_hexversion)}
-    argv = isolation.worker_command(plan, self._base, json.dumps(zcfg), cfg.scratch_mb << 20,
-                                    (self._confine_code,), zygote=True)
-    with self._lock:
-      n = self._counter
-      self._counter += 1
-    args = (argv, isolation.worker_env(inside), self._base,
-            os.path.join(self._base, f"zygote{n}.err"), cfg.load_timeout_s)
-    try:
-      # From the spawner thread, like every launcher process (see _spawn).
-      if threading.current_thread().name.startswith("spade-sandbox-spawn"):
-        server = forkserver.ForkServer(*args)
-      else:
-        server = self._spawner.submit(forkserver.ForkServer, *args).result()
-    except (forkserver.ForkServerError, OSError, RuntimeError) as e:
-      self.fork_server_note = f"started one by one (the fork server failed: {e})"
-      _log.warning("Sandbox fork server failed to start under %s (%s); starting each worker "
-                   "by itself.", plan.launcher, e)
-      return None
-    if plan.launcher != "none" and not server.pidns:
-      server.close()
-      why = server.pidns_why
-      self.fork_server_note = ("started one by one (the fork server cannot give each worker "
-                               f"its own pid namespace: {why})")
-      _log.warning("Sandbox fork server cannot give each worker its own pid namespace under "
-                   "%s (%s); starting each worker by itself.", plan.launcher, why)
-      return None
-    self.fork_server_note = "forked by the fork server"
-    return server
+  @property
+  def preimport(self) -> tuple[str, ...]:
+    """Modules fresh workers import before the uid drop."""
+    return self.supply.preimport
 
-  def _server_failed(self, server: "forkserver.ForkServer", error: Exception) -> None:
-    """Restarts a fork server that died (a few times), then starts workers by themselves."""
-    with self._server_lock:
-      if self._server is not server or self._closed:
-        return
-      self._server = None  # Meanwhile workers are started by themselves.
-      restart = self._server_restarts < _MAX_SERVER_RESTARTS
-      self._server_restarts += restart
-    server.close()
-    if not restart:
-      self.fork_server_note = f"started one by one (the fork server kept failing: {error})"
-      _log.warning("Sandbox fork server failed %d times (%s); starting each worker by "
-                   "itself from now on.", self._server_restarts + 1, error)
-      return
-    _log.warning("Sandbox fork server failed (%s); restarting it.", error)
-    new = self._start_server()  # Not under the lock: it may wait for the spawner thread.
-    with self._server_lock:
-      if self._server is None and not self._closed:
-        self._server, new = new, None
-    if new is not None:
-      new.close()
+  @property
+  def fork_server_note(self) -> str:
+    """How workers are started (forked, or one by one and why)."""
+    return self.supply.fork_server_note
+
+  @property
+  def live_workers(self) -> int:
+    return self.supply.live_workers
+
+  @property
+  def worker_pids(self) -> list[int]:
+    return self.supply.worker_pids
+
+  def wait_ready(self, timeout_s: float = 10.0) -> bool:
+    """Blocks until every warm spare answers a ping; True when all did."""
+    return self.supply.wait_ready(timeout_s)
 
   # ---- lifecycle -------------------------------------------------------------
 
@@ -335,193 +236,10 @@ class EnvPool:
 
   def close(self) -> None:
     """Kills every worker this pool started and deletes all scratch dirs."""
-    with self._lock:
-      if self._closed:
-        return
-      self._closed = True
-    on_spawner = threading.current_thread().name.startswith("spade-sandbox-spawn")
-    self._spawner.shutdown(wait=not on_spawner, cancel_futures=True)
-    with self._lock:
-      workers = list(self._live.values())
-      self._live.clear()
-      self._spares.clear()
-    self._destroy(workers)
-    with self._server_lock:
-      server, self._server = self._server, None
-    if server is not None:
-      server.close()
-    shutil.rmtree(self._base, ignore_errors=True)
+    supply = getattr(self, "supply", None)
+    if supply is not None:
+      supply.close()
 
-  @property
-  def live_workers(self) -> int:
-    return len(self._live)
-
-  @property
-  def worker_pids(self) -> list[int]:
-    return [w.pid for w in self._live.values()]
-
-  def _spawn(self, preimport: Sequence[str] | None = None, *,
-             on_spawner: bool = False) -> WorkerProcess | None:
-    cfg = self.config
-    with self._lock:
-      if self._closed:
-        return None
-      n = self._counter
-      self._counter += 1
-    scratch = os.path.join(self._scratch_root, f"w{n}")
-    os.mkdir(scratch, 0o700)
-    uid = None
-    if self.plan.drop_uid:
-      uid = self._next_uid()
-      os.chown(scratch, uid, uid)
-    rlimits = {"RLIMIT_AS": cfg.memory_mb << 20, "RLIMIT_CPU": cfg.cpu_seconds,
-               "RLIMIT_FSIZE": cfg.file_size_mb << 20, "RLIMIT_NOFILE": cfg.max_open_files,
-               "RLIMIT_CORE": 0}
-    if uid is not None:
-      rlimits["RLIMIT_NPROC"] = cfg.max_processes
-    inside = isolation.inside_scratch(self.plan, scratch)
-    err_path = os.path.join(self._base, f"w{n}.err")
-    wcfg = {"scratch": inside, "chown_scratch": inside != scratch,
-            "uid": uid, "gid": uid, "rlimits": rlimits,
-            "preimport": list(self.preimport if preimport is None else preimport),
-            "no_new_privs": self.plan.launcher != "bwrap",
-            "max_message_bytes": cfg.max_message_bytes,
-            "max_observation_chars": cfg.max_observation_chars,
-            "confine": isolation.confine_spec(cfg, self.plan, inside, self._confine_code,
-                                              self._python_hexversion)}
-    worker = self._fork(wcfg, scratch, err_path, uid)
-    if worker is not None:
-      with self._lock:
-        self._live[worker.pid] = worker
-      return worker
-    wcfg.update(mask_paths=self._mask, tmpfs_paths=self._tmpfs)
-    argv = isolation.worker_command(self.plan, scratch, json.dumps(wcfg), cfg.scratch_mb << 20,
-                                    (self._confine_code,))
-    # Workers are started from one long-lived thread: the launchers tie the
-    # worker's life to the thread that forked it (PR_SET_PDEATHSIG), and a
-    # caller's short-lived thread would take its workers down when it exits.
-    args = (argv, isolation.worker_env(inside), scratch, err_path, uid)
-    if on_spawner:
-      worker = WorkerProcess(*args)
-    else:
-      worker = self._spawner.submit(WorkerProcess, *args).result()
-    with self._lock:
-      self._live[worker.pid] = worker
-    return worker
-
-  def _fork(self, wcfg: dict[str, Any], scratch: str, err_path: str,
-            uid: int | None) -> "ForkedWorker | None":
-    """A worker forked by the fork server; None to start this one by itself.
-
-    Any thread may fork: the zygote, not this process, is the worker's parent.
-    A dead or unresponsive server is restarted (or given up, see
-    :meth:`_server_failed`) and asked once more; a server that merely could
-    not fork this worker is left running.
-    """
-    fcfg = dict(wcfg, env=isolation.worker_env(wcfg["scratch"]))
-    if self.plan.launcher == "bwrap":
-      fcfg["scratch_bytes"] = self.config.scratch_mb << 20
-    for _ in range(2):
-      server = self._server
-      if server is None:
-        return None
-      try:
-        return server.spawn(fcfg, scratch, err_path, uid, self.config.load_timeout_s)
-      except forkserver.ForkFailed as e:
-        _log.warning("Sandbox fork server could not fork a worker (%s); starting it by "
-                     "itself.", e)
-        return None
-      except forkserver.ForkServerError as e:
-        self._server_failed(server, e)
-    return None
-
-  def _next_uid(self) -> int:
-    """A uid of the configured range not used by any live worker of this pool.
-
-    Each pool starts at a random offset in the range, so pools in different
-    processes on one host are unlikely to hand out the same uid.
-    """
-    cfg = self.config
-    with self._lock:
-      used = {w.uid for w in self._live.values()}
-      for _ in range(cfg.uid_count):
-        uid = cfg.uid_base + self._uid_cursor % cfg.uid_count
-        self._uid_cursor += 1
-        if uid not in used:
-          return uid
-    raise RuntimeError(f"all {cfg.uid_count} sandbox uids are in use; raise "
-                       "SandboxConfig.uid_count or release handles.")
-
-  def _refill(self, on_spawner: bool = False) -> None:
-    while not self._closed:
-      with self._lock:
-        if len(self._spares) >= self.config.num_workers \
-            or len(self._live) >= self.config.max_live_workers:
-          return
-      worker = self._spawn(on_spawner=on_spawner)
-      if worker is None:
-        return
-      with self._lock:
-        if self._closed:
-          self._live.pop(worker.pid, None)
-          self._destroy([worker])
-          return
-        self._spares.append(worker)
-
-  def _refill_async(self) -> None:
-    """Tops up the warm spares from the spawner thread, without waiting."""
-    if self.config.num_workers and not self._closed:
-      try:
-        self._spawner.submit(self._refill, True)
-      except RuntimeError:  # Spawner already shut down by close().
-        pass
-
-  def _take(self) -> "WorkerProcess | ForkedWorker | None":
-    while True:
-      with self._lock:
-        if not self._spares:
-          if self._closed or len(self._live) >= self.config.max_live_workers:
-            return None
-          break
-        worker = self._spares.popleft()
-      if not worker.exited():
-        return worker
-      # A spare that died idle (e.g. with its fork server): never hand it out.
-      with self._lock:
-        self._live.pop(worker.pid, None)
-      self._destroy([worker])
-    return self._spawn()
-
-  def _destroy(self, workers: Sequence[WorkerProcess]) -> None:
-    for w in workers:
-      w.kill()
-    for w in workers:
-      w.reap()
-      w.close_pipes()
-      if self.plan.launcher == "none" and w.uid is not None:
-        _kill_uid(w.uid)
-      shutil.rmtree(w.scratch, ignore_errors=True)
-      try:
-        os.unlink(w.err_path)
-      except OSError:
-        pass
-
-  def wait_ready(self, timeout_s: float = 10.0) -> bool:
-    """Blocks until every warm spare answers a ping; True when all did."""
-    with self._lock:
-      spares = list(self._spares)
-    res = exchange(spares, [{"op": "ping"}] * len(spares), timeout_s,
-                   self.config.max_message_bytes)
-    bad = [w for w, r in zip(spares, res) if r.reply is None]
-    if bad:
-      with self._lock:
-        for w in bad:
-          if w in self._spares:
-            self._spares.remove(w)
-          self._live.pop(w.pid, None)
-      self._destroy(bad)
-      self._refill()
-    return not bad
 
   # ---- env API -----------------------------------------------------------------
 
@@ -558,7 +276,7 @@ class EnvPool:
     names = list(class_names) if class_names is not None else [None] * len(sources)
     handles, workers, reqs = [], [], []
     for i, src in enumerate(sources):
-      w = self._take() if preimport is None else self._spawn(preimport)
+      w = self.supply.take() if preimport is None else self.supply.spawn(preimport)
       h = EnvHandle(self, w, i)
       handles.append(h)
       if w is None:
@@ -570,7 +288,7 @@ class EnvPool:
       reqs.append({"op": "load", "source": src, "class_name": names[i],
                    "max_turns": int(max_turns), "kwargs": kwargs or {},
                    "action_mode": action_mode})
-    self._refill_async()
+    self.supply.refill_async()
     outcomes = exchange(workers, reqs, self.config.load_timeout_s,
                         self.config.max_message_bytes)
     live = [h for h in handles if h._worker is not None]  # pylint: disable=protected-access
@@ -633,15 +351,14 @@ class EnvPool:
   def release(self, handles: Sequence[EnvHandle]) -> None:
     """Kills the workers behind ``handles`` and deletes their scratch dirs."""
     workers = []
-    with self._lock:
-      for h in handles:
-        w = h._worker  # pylint: disable=protected-access
-        h._worker = None  # pylint: disable=protected-access
-        if h.reason is None:
-          h.reason, h.detail = "crash", "handle was released"
-        if w is not None and self._live.pop(w.pid, None) is not None:
-          workers.append(w)
-    self._destroy(workers)
+    for h in handles:
+      w = h._worker  # pylint: disable=protected-access
+      h._worker = None  # pylint: disable=protected-access
+      if h.reason is None:
+        h.reason, h.detail = "crash", "handle was released"
+      if w is not None:
+        workers.append(w)
+    self.supply.release(workers)
 
   # ---- internals -------------------------------------------------------------
 
@@ -689,17 +406,3 @@ class EnvPool:
       if op in ("reset", "step"):
         value = tuple(value)
     return CallResult(True, value, None, "", o.seconds)
-
-
-def _kill_uid(uid: int) -> None:
-  """Kills every process running as ``uid`` (workers own their uid)."""
-  try:
-    pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
-  except OSError:
-    return
-  for pid in pids:
-    try:
-      if os.stat(f"/proc/{pid}").st_uid == uid:
-        os.kill(pid, 9)
-    except OSError:
-      pass

@@ -3,7 +3,7 @@
 A worker is a :class:`WorkerProcess` (started by itself, talking over pipes)
 or a :class:`ForkedWorker` (forked by the pool's fork server, talking over a
 unix socket). Frames are a 4-byte big-endian length and that many bytes of
-UTF-8 JSON (see ``_worker.py``). :func:`exchange` sends one request to each of
+UTF-8 JSON (see ``worker/wire.py``). :func:`exchange` sends one request to each of
 many workers and gathers all replies in a single ``poll`` loop with
 non-blocking fds, so workers run concurrently, no slow or hostile worker can
 block the parent, and each call has a wall-clock deadline after which the

@@ -12,10 +12,10 @@ counts 16. ``h`` stops at the family's hardest curriculum level.
 problem (question and answer) is generated on the host, and :func:`task_program` writes a
 small single-turn games program with both as string literals; the program runs in the
 sandbox like any other, so no model-written text is scored in the trainer process. Its
-parser is the module :mod:`spade_jax.eval.lenient` itself, embedded in the program
-(``eval.answers.final_answer``: text after the last ``</think>``, the last balanced
-``\boxed{}``, else ``<answer>...</answer>``, stripped); because it parses ``boxed``
-itself the sandbox hands it the raw turn (action mode "auto" -> "raw"). Reward 1.0
+parser is the library's one answer parser itself, embedded in the program
+(``eval.answers.scoring_source()``; ``final_answer``: text after the last ``</think>``,
+the last balanced ``\boxed{}``, else ``<answer>...</answer>``, stripped); because it parses
+``boxed`` itself the sandbox hands it the raw turn (action mode "auto" -> "raw"). Reward 1.0
 exactly when that answer equals the oracle answer, else 0.0: the
 full-credit case of reasoning-gym's default ``score_answer`` (its partial credit for an
 answer that merely contains the oracle is dropped: rewards, accuracy and the held-out
@@ -30,9 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-import inspect
-
-from spade_jax.eval import lenient
+from spade_jax.eval.answers import scoring_source
 from spade_jax.eval.procedural import check_family, generate, held_out_tasks, max_level
 from spade_jax.eval.rgym import PROMPT
 
@@ -193,8 +191,9 @@ class DifficultyController:
 
 
 # The program's body: ANSWER, OBSERVATION and SCORING are assigned above it, then the
-# module `eval.lenient` itself (standard library only): the answer is read by the very code
-# held-out evaluation uses, so a reward and an evaluation of the same text agree.
+# library's answer parser itself (`eval.answers.scoring_source()`, standard library only): the
+# answer is read by the very code held-out evaluation uses, so a reward and an evaluation of
+# the same text agree.
 _BODY = r'''
 
 class TaskEnv:
@@ -242,7 +241,7 @@ def task_program(task: Mapping[str, Any], scoring: str = "exact") -> str:
           f'seed {task["seed"]}."""\n\n'
           f"ANSWER = {task['answer']!r}\n"
           f"OBSERVATION = {PROMPT.format(question=task['question'])!r}\n"
-          f"SCORING = {scoring!r}\n\n" + inspect.getsource(lenient) + _BODY)
+          f"SCORING = {scoring!r}\n\n" + scoring_source() + _BODY)
 
 
 __all__ = ["DEFAULT_FAMILIES", "DifficultyController", "FamilyWindow", "RLVEConfig",

@@ -7,7 +7,8 @@ hint, a grounding document) shares one with an item, which item, and how much of
 
 How text becomes keys:
 
-- words: the text lowercased and split at anything that is not a letter or a digit;
+- words: the text lowercased and split at anything that is not a letter or a digit; the
+  operators ``+ - * / = < > ^ %`` are words of their own ("0 - 3" is not "0 + 3");
 - a segment (a question, a user turn, a docstring) of at least ``n`` words (13, the usual
   choice for decontamination) gives its word ``n``-grams; one of ``whole_min`` ..
   ``whole_max`` words (8-12) is one key as a whole, so a short question is still caught;
@@ -50,7 +51,8 @@ import numpy as np
 from spade_jax.eval import heldout
 
 VERSION = 1
-_WORD = re.compile(r"[^\W_]+")
+_WORD = re.compile(r"[^\W_]+|[-+*/=<>^%]")
+_OPERATOR = re.compile(r"[-+*/=<>^%]")
 _P = np.uint64(0x100000001B3)
 _SALT = np.uint64(0x9E3779B97F4A7C15)
 _MEMO: dict[str, "Index"] = {}
@@ -119,7 +121,8 @@ class Match:
 
 
 def words(text: str) -> list[str]:
-  """``text`` lowercased and split at anything that is not a letter or a digit."""
+  """``text`` lowercased and split at anything that is not a letter, a digit or an
+  operator (each operator character is a word)."""
   return _WORD.findall(str(text).lower())
 
 
@@ -162,14 +165,46 @@ def _known_sequences() -> list[list[int]]:
 
 
 @functools.lru_cache(maxsize=None)
-def _known_keys(n: int, whole_min: int, whole_max: int) -> np.ndarray:
-  """Sorted keys of every window of the well-known number sequences."""
-  out = []
-  for seq in _known_sequences():
-    wh = word_hashes([str(v) for v in seq])
-    for k in [n] + list(range(whole_min, whole_max + 1)):
-      out.append(gram_hashes(wh, k))
-  return np.unique(np.concatenate(out))
+def _known_positions() -> tuple[dict[int, int], ...]:
+  """Per well-known sequence: value -> its position in the sequence."""
+  return tuple({v: i for i, v in enumerate(seq)} for seq in _known_sequences())
+
+
+def _sequence_runs(toks: Sequence[str], min_run: int = 5) -> np.ndarray:
+  """Per word: whether it is in a run of at least ``min_run`` numbers (operators between
+  them skipped) that is an arithmetic progression or consecutive terms of a well-known
+  sequence."""
+  out = np.zeros(len(toks), bool)
+  nums = [(i, int(w)) for i, w in enumerate(toks) if w.isdigit() and len(w) <= 18]
+  # Maximal stretches of numbers with nothing but operators between them.
+  stretches, cur = [], []
+  for i, v in nums:
+    if cur and any(not _OPERATOR.fullmatch(t) for t in toks[cur[-1][0] + 1:i]):
+      stretches.append(cur)
+      cur = []
+    cur.append((i, v))
+  stretches.append(cur)
+  for st in stretches:
+    if len(st) < min_run:
+      continue
+    idx, v = [i for i, _ in st], [x for _, x in st]
+    # A link at j joins word j to the run before it: equal steps (span 2), or the next
+    # term of a well-known sequence (span 1).
+    tests = [(2, [j >= 2 and v[j] - v[j - 1] == v[j - 1] - v[j - 2] for j in range(len(v))])]
+    tests += [(1, [j >= 1 and pos.get(v[j], -2) == pos.get(v[j - 1], -9) + 1
+                   for j in range(len(v))]) for pos in _known_positions()]
+    for span, link in tests:
+      j = 0
+      while j < len(v):
+        if not link[j]:
+          j += 1
+          continue
+        a = j
+        while j < len(v) and link[j]:
+          j += 1
+        if j - a + span >= min_run:
+          out[idx[a - span:j]] = True
+  return out
 
 
 def _informative(toks: Sequence[str], wh: np.ndarray, k: int) -> np.ndarray:
@@ -178,15 +213,14 @@ def _informative(toks: Sequence[str], wh: np.ndarray, k: int) -> np.ndarray:
   win = sliding_window_view(wh, k)
   distinct = 1 + (np.diff(np.sort(win, axis=1), axis=1) != 0).sum(axis=1)
   single = sliding_window_view(np.fromiter((len(w) == 1 for w in toks), bool, len(toks)), k)
-  numeric = np.fromiter((w.isdigit() and len(w) <= 18 for w in toks), bool, len(toks))
-  values = np.array([int(w) if ok else 0 for w, ok in zip(toks, numeric)], np.int64)
-  step = np.diff(sliding_window_view(values, k), axis=1)
-  progression = sliding_window_view(numeric, k).all(axis=1) & (step == step[:, :1]).all(axis=1)
-  return (distinct >= 4) & ~single.all(axis=1) & ~progression
+  plain = ~_sequence_runs(toks) & np.fromiter((not _OPERATOR.fullmatch(w) for w in toks),
+                                              bool, len(toks))
+  content = sliding_window_view(plain, k).sum(axis=1)
+  return (distinct >= 4) & ~single.all(axis=1) & (content >= 4)
 
 
 def segment_keys(text: str, cfg: IndexConfig) -> np.ndarray:
-  """The index keys of one segment of an item (unique, informative, not well-known)."""
+  """The index keys of one segment of an item (unique and informative)."""
   toks = words(text)
   if len(toks) >= cfg.n:
     k = cfg.n
@@ -195,16 +229,7 @@ def segment_keys(text: str, cfg: IndexConfig) -> np.ndarray:
   else:
     return np.zeros(0, np.uint64)
   wh = word_hashes(toks)
-  keys = gram_hashes(wh, k)[_informative(toks, wh, k)]
-  return np.unique(keys[~_sorted_member(keys, _known_keys(cfg.n, cfg.whole_min, cfg.whole_max))])
-
-
-def _sorted_member(values: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
-  """Per value: whether it is in ``sorted_keys`` (sorted, unique)."""
-  if not len(sorted_keys):
-    return np.zeros(len(values), bool)
-  pos = np.minimum(np.searchsorted(sorted_keys, values), len(sorted_keys) - 1)
-  return sorted_keys[pos] == values
+  return np.unique(gram_hashes(wh, k)[_informative(toks, wh, k)])
 
 
 def text_keys(text: str, cfg: IndexConfig) -> tuple[list[str], np.ndarray]:

@@ -109,7 +109,7 @@ def test_planted_reasoning_gym_question_printed_by_observation(auditor):
 def test_planted_short_procedural_question_and_its_answer(index):
   cfg = heldout.configs()["procedural"]
   task = heldout.items("procedural", cfg)[0]
-  assert 8 <= len(contamination.words(task.segments[0])) < 13  # indexed whole
+  assert len(contamination.words(task.segments[0])) <= 13  # one key
   m = index.score(f"Solve this: {task.segments[0]} The result is {task.answer}.")
   assert m.flagged and (m.suite, m.item) == ("procedural", task.id) and m.answer
   assert not index.score("State the final answer to the following arithmetic problem: "
@@ -295,6 +295,20 @@ def test_index_cache_digest_and_reuse(cache, index, monkeypatch, tmp_path):
   m = small.score("Puzzle: find the sum of all integer bases b greater than nine for which "
                   "seventeen in base b divides ninety seven in base b. It is 70.")
   assert (m.suite, m.item, m.answer) == ("aime", "aime_2025/P1", True)
+
+
+def test_short_items_are_indexed_whole():
+  cfg = contamination.IndexConfig()
+  items = [heldout.Item("s", "short", ("How many legs do seven spiders have in total?",),
+                        "56"),
+           heldout.Item("s", "tiny", ("Name a prime.",), "7"),
+           heldout.Item("s", "long", ("word " * 40,))]
+  small = contamination.Index.build(items, cfg)
+  assert len(small.keys) == 1 and small.totals.tolist() == [1, 0, 0]
+  m = small.score("Quiz: how many legs do seven spiders have in total? (56)")
+  assert (m.flagged, m.item, m.overlap, m.answer) == (True, "short", 1.0, True)
+  assert not small.score("How many legs do seven spiders have?").flagged
+  assert small.answers == ["56", "", ""]  # a lone digit is no answer to look for
 
 
 def test_known_sequences_and_boilerplate_are_ignored(index):

@@ -67,6 +67,9 @@ def configs(eval_cfg=None) -> dict[str, Any]:
   """Each suite's config as the index reads it: its defaults, ``eval.data_dir`` and
   ``eval.overrides``, with ``limit`` 0 (a suite's items past a limit are held out too).
 
+  A local suite is included when its ``path`` is set (its files must then exist) or when
+  ``data_dir`` holds its files.
+
   Args:
     eval_cfg: an ``EvalConfig`` (default: none set).
 
@@ -85,8 +88,13 @@ def configs(eval_cfg=None) -> dict[str, Any]:
     values.update(overrides.get(name, {}))
     values["limit"] = 0
     cfg = suite_config(name, values)
-    if name in LOCAL and not (getattr(cfg, "path", "") or getattr(cfg, "data_dir", "")):
-      continue
+    if name in LOCAL and not cfg.path:
+      if not cfg.data_dir:
+        continue
+      try:  # A data directory need not hold every local suite's files.
+        _data_files(name, cfg)
+      except FileNotFoundError:
+        continue
     out[name] = cfg
   return out
 

@@ -377,3 +377,19 @@ def test_launch_report_on_a_small_workdir(tmp_path, auditor, index):
   assert json.loads((tmp_path / "audit.json").read_text()) == rep
   text = launch_audit.table(rep)
   assert "HumanEval/12" in text and "program" in text and "1/2 leak" in text
+
+
+def test_config_sections_resolve(index):
+  from experiments.configs import tiny  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay import build  # pylint: disable=g-import-not-at-top
+  c = tiny.get_config("smoke")
+  assert c.audit.mode == "flag" and c.corpus.decontaminate is False
+  c.audit.mode, c.corpus.decontaminate = "drop", True
+  run = build.resolve(c, dry_run=True)
+  assert run.audit == AuditConfig(mode="drop") and run.corpus.decontaminate
+  a = Auditor.from_config(run)
+  assert a.cfg.mode == "drop" and a.eval_cfg is run.eval
+  assert a.index.digest == index.digest  # the same held-out items: the cached index
+  c.audit.mode = "sometimes"
+  with pytest.raises(ValueError, match="audit.mode"):
+    build.resolve(c, dry_run=True)

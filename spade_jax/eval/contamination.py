@@ -14,10 +14,12 @@ How text becomes keys:
   ``whole_max`` words (8-12) is one key as a whole, so a short question is still caught;
   shorter segments give none. N-grams never cross a segment boundary;
 - ignored, as they say nothing about an item: n-grams of more than ``max_items`` items
-  (a suite's boilerplate), low-information ones (every word one character, as in a grid of
-  digits, or fewer than 4 distinct words), runs of an arithmetic progression (``1 2 3 ..``)
-  and runs of well-known sequences (primes, squares, cubes, Fibonacci numbers, powers of two,
-  factorials, triangular numbers): a program that lists the primes is not HumanEval/96;
+  (a suite's boilerplate) and low-information ones: every word one character (a grid of
+  digits), fewer than 4 distinct words, or fewer than 4 content words, where operators
+  and the numbers of a run of 5 or more that is an arithmetic progression (``1 2 3 ..``)
+  or consecutive terms of a well-known sequence (primes, squares, cubes, Fibonacci
+  numbers, powers of two, factorials, triangular numbers) are not content: a program that
+  lists the primes is not HumanEval/96, whose tests do;
 - a key is a 64-bit polynomial hash of the words' 64-bit BLAKE2b hashes and the length.
 
 A text matches an item when it holds at least ``min_matches`` of the item's keys; the best

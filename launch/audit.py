@@ -105,6 +105,7 @@ def report(workdir: str, examples: int = 5) -> dict:
   memory = os.path.join(workdir, "memory.json")
   programs = 0
   if os.path.exists(memory):
+    count("program", 0, [])
     with open(memory, encoding="utf-8") as f:
       try:
         records = json.load(f).get("records", [])

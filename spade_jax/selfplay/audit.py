@@ -41,6 +41,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Iterable, Mapping, Sequence
 
+from absl import logging
+
 from spade_jax.designer.hint_audit import KINDS as LEAKS, audit_hint
 from spade_jax.eval.contamination import IndexConfig, Match, load_index
 from spade_jax.registry import names
@@ -266,6 +268,9 @@ class DecontaminatedCorpus:
     if len(self.removed) == len(corpus):
       raise ValueError(f"Every one of the corpus's {len(corpus)} documents holds a held-out "
                        "item; use another corpus or set corpus.decontaminate=False.")
+    logging.info("corpus.decontaminate: %d of %d documents hold a held-out item and are "
+                 "skipped%s", len(self.removed), len(corpus),
+                 "".join(f"; {d}: {n.reason}" for d, n in list(self.removed.items())[:5]))
 
   def next(self):
     """The wrapped corpus's next document that was not flagged."""

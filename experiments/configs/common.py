@@ -57,6 +57,9 @@ def baseline(kind: str) -> dict:
 # lock_config; no suites: held-out evaluation is off.
 EVAL = dict(suites="", every=0, at_start=False, limit=0, samples=0, max_new_tokens=0, batch_size=0,
             data_dir="", seed=0)
+# The contamination audit (`spade_jax.selfplay.audit`) with every knob present: flags what
+# holds a held-out item; --config.audit.mode=drop leaves it out, =off checks nothing.
+AUDIT = dict(mode="flag", suites="", min_matches=1, hint_min_share=0.6, hint_min_actions=3)
 
 # REFERENCE §9: each ablation as the config change that makes it.
 ABLATIONS = {
@@ -161,13 +164,14 @@ def recipe(a, *, setting: str, iterations: int, envs: int, plays: int, hinted: i
       # before it; dynamic_sampling=True (DAPO).
       overlap_play=False, play_cohorts=0, design_ahead=False, dynamic_sampling=False)
   c.rewards = dict(variant="blend", credit_window=regen)
-  c.corpus = dict(source="embedded", max_words=doc_words)
+  c.corpus = dict(source="embedded", max_words=doc_words, decontaminate=False)
   c.memory = dict(capacity=200)
   c.sandbox = dict(num_workers=16)
   c.validation = dict()
   # Held-out evaluation, off by default: e.g. --config.eval.suites=reasoning_gym,bfcl
   # --config.eval.every=50 logs eval/<suite>/<metric> during training.
   c.eval = dict(EVAL)
+  c.audit = dict(AUDIT)
   apply(c, ABLATIONS[a.ablation])
   if a.smoke:
     smoke(c, moe)
@@ -248,10 +252,10 @@ def smoke(c: ml_collections.ConfigDict, moe: bool = False) -> None:
   if "llm_validator" in s:
     s.judge_tokens = 32
   c.rewards.credit_window = 1
-  c.corpus = dict(source="embedded", max_words=200)
+  c.corpus = dict(source="embedded", max_words=200, decontaminate=False)
   c.sandbox = dict(num_workers=2)
   c.validation = dict(random_episodes=2, random_steps=3)
 
 
-__all__ = ["ABLATIONS", "BASELINES", "EVAL", "apply", "baseline", "choose", "mesh_preset",
+__all__ = ["ABLATIONS", "AUDIT", "BASELINES", "EVAL", "apply", "baseline", "choose", "mesh_preset",
            "parse_arg", "smoke", "tiny_hf_checkpoint", "write_once"]

@@ -50,7 +50,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       fill_from_pool=True, overlap_play=False, play_cohorts=0, design_ahead=False,
       dynamic_sampling=False)
   c.rewards = dict(variant="blend", credit_window=1, invalid_penalty=-1.0)
-  c.corpus = dict(source="embedded", max_words=200)
+  c.corpus = dict(source="embedded", max_words=200, decontaminate=False)
   c.memory = dict(capacity=200)
   c.sandbox = dict(num_workers=2)
   c.validation = dict(random_episodes=2, random_steps=3)
@@ -58,6 +58,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # --config.eval.limit=2.
   c.eval = dict(suites="", every=0, limit=0, samples=0, max_new_tokens=0, batch_size=0,
                 data_dir="", seed=0)
+  # The contamination audit: flag (default) | drop | off (spade_jax.selfplay.audit).
+  c.audit = dict(mode="flag", suites="", min_matches=1, hint_min_share=0.6,
+                 hint_min_actions=3)
 
   if arg == "smoke":
     c.iterations = 2

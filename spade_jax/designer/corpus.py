@@ -51,6 +51,8 @@ class CorpusConfig:
     min_words: documents shorter than this are skipped.
     max_words: truncate documents to this many words (None: no word cap).
     max_tokens: truncate to this many tokens of the tokenizer given to ``Corpus``.
+    decontaminate: skip the documents that hold a held-out item, checked once when the run
+      builds its corpus (``selfplay.audit.decontaminate``; the corpus itself ignores it).
   """
   source: str = "embedded"
   name: str = ""
@@ -64,6 +66,7 @@ class CorpusConfig:
   min_words: int = 30
   max_words: int | None = 600
   max_tokens: int | None = None
+  decontaminate: bool = False
 
   def __post_init__(self):
     if isinstance(self.paths, str):

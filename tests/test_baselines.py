@@ -185,7 +185,7 @@ def _pool_dir(tmp_path, extra=None):
   d.mkdir()
   for name, src in envs.builtin_programs("games").items():
     (d / f"{name}.py").write_text(src)
-  (d / "z_copy.py").write_text(envs.builtin_program("guess_number"))
+  (d / "z_copy.py").write_text(envs.builtin_program("guess_secret"))
   (d / "notes.txt").write_text("not a program")
   for name, src in (extra or {}).items():
     (d / name).write_text(src)
@@ -217,8 +217,8 @@ def test_static_pool_without_replacement_reshuffled_and_resumed(tmp_path):
 
 
 def test_static_pool_loads_jsonl_rows(tmp_path):
-  rows = [{"id": "g", "program": envs.builtin_program("guess_number")},
-          {"source": "```python\n" + envs.builtin_program("grid_path") + "\n```"},
+  rows = [{"id": "g", "program": envs.builtin_program("guess_secret")},
+          {"source": "```python\n" + envs.builtin_program("grid_walk") + "\n```"},
           {"program": "no code here"}]
   path = tmp_path / "pool.jsonl"
   path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")
@@ -229,7 +229,7 @@ def test_static_pool_loads_jsonl_rows(tmp_path):
     baselines.load_programs(str(path), "games", key="code")
   with pytest.raises(FileNotFoundError, match="static_pool.path"):
     baselines.load_programs(str(tmp_path / "missing"), "games")
-  assert list(baselines.load_programs("", "tool_use")) == list(envs.builtin.NAMES["tool_use"])
+  assert list(baselines.load_programs("", "tool_use")) == list(envs.programs.BUILTIN["tool_use"])
 
 
 def test_static_pool_validates_once_and_skips_invalid(tmp_path, pool):

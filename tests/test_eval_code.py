@@ -10,6 +10,7 @@ import pytest
 
 from spade_jax import eval as ev
 from spade_jax import models
+from spade_jax.envs.programs import load_program
 from spade_jax.eval import code
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "eval")
@@ -107,8 +108,8 @@ def test_livecodebench_tests_decode_and_never_unpickle_objects():
 
 def test_stdio_comparison_is_livecodebench_s():
   ns = {}
-  with open(code._RUNNER) as f:  # pylint: disable=protected-access
-    exec(f.read(), ns)  # pylint: disable=exec-used  (stdlib-only runner, trusted here)
+  # pylint: disable-next=exec-used  (stdlib-only runner, trusted here)
+  exec(load_program("code_tests"), ns)
   same = ns["same_output"]
   assert same("3\n", "3")
   assert same(" 1 2 \n", "1 2")

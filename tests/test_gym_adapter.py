@@ -30,7 +30,7 @@ def test_check_env_passes_on_builtins(name, pool):
 
 
 def test_make_owns_its_pool_and_plays_solution():
-  env = gymnasium.make(ENV_ID, source=builtin_programs()["arithmetic_chain"],
+  env = gymnasium.make(ENV_ID, source=builtin_programs()["running_total"],
                        sandbox_config=SANDBOX)
   obs, info = env.reset(seed=7)
   assert "Operation 1" in obs and info == {}
@@ -50,7 +50,7 @@ def test_make_owns_its_pool_and_plays_solution():
 
 
 def test_reset_without_seed_is_reproducible(pool):
-  env = ProgramEnv(builtin_programs()["guess_number"], pool=pool)
+  env = ProgramEnv(builtin_programs()["guess_secret"], pool=pool)
   env.reset(seed=3)
   a = [env.unwrapped.solution() for _ in range(1)] + [env.reset()[0] and env.solution()]
   env.reset(seed=3)

@@ -137,7 +137,7 @@ def test_isolation_layers_active(pool):
 
 
 def test_reset_step_hint_solution(pool):
-  src = builtin_program("guess_number")
+  src = builtin_program("guess_secret")
   hs = pool.start([src, src, src])
   assert all(h.alive and h.class_name == "GuessNumberEnv" for h in hs)
   assert hs[0].has_solution and hs[0].has_hint and hs[0].action_mode == "boxed"
@@ -172,7 +172,7 @@ def test_missing_optional_method_keeps_handle(pool):
 
 
 def test_work_method_returns_text_or_a_contract_failure(pool):
-  base = builtin_program("guess_number")
+  base = builtin_program("guess_secret")
   good = base + "\n\ndef work(self):\n  return f'{self.secret} is it'\n\nGuessNumberEnv.work = work\n"
   bad = base + "\n\ndef work(self):\n  return [1]\n\nGuessNumberEnv.work = work\n"
   hs = pool.start([good, bad, base])
@@ -231,7 +231,7 @@ def test_step_many_runs_concurrently(pool):
 
 def test_timeout_kills_only_the_slow_env(pool):
   loop = fixture("hostile_infinite_loop")
-  ok_src = builtin_program("arithmetic_chain")
+  ok_src = builtin_program("running_total")
   hs = pool.start([loop, ok_src])
   pool.reset_many(hs, seeds=[0, 0])
   t = time.monotonic()
@@ -351,7 +351,7 @@ def test_killing_the_parent_fails(pool):
   assert r.ok, r
   assert f"{os.getpid()}:killed" not in r.value[0]
   # The pool still serves new envs.
-  h = pool.start([builtin_program("grid_path")])[0]
+  h = pool.start([builtin_program("grid_walk")])[0]
   assert pool.reset_many([h], seeds=[1])[0].ok
   pool.release([h])
 
@@ -529,7 +529,7 @@ def test_broken_launcher_falls_back(monkeypatch, caplog):
     if isolation.plan_isolation(cfg).launcher != "bwrap":
       pytest.skip("bubblewrap not in use here")
     assert p.plan.launcher != "bwrap" and "falling back" in caplog.text
-    h = p.start([builtin_program("guess_number")])[0]
+    h = p.start([builtin_program("guess_secret")])[0]
     assert p.reset_many([h], seeds=[0])[0].ok
     p.release([h])
 
@@ -656,7 +656,7 @@ def test_forked_worker_deadline_kill(fork_pool):
     assert not wait_gone([pid])
   _, r = run_one(fork_pool, "hostile_sleep")
   assert r.reason == "timeout"
-  h = fork_pool.start([builtin_program("guess_number")])[0]  # The pool still serves.
+  h = fork_pool.start([builtin_program("guess_secret")])[0]  # The pool still serves.
   assert fork_pool.reset_many([h], seeds=[0])[0].ok
   fork_pool.release([h])
 
@@ -766,7 +766,7 @@ def test_fork_server_death_restarts_it(caplog):
   with caplog.at_level("WARNING"), EnvPool(FORK_CFG) as p:
     if p.supply.server is None:
       pytest.skip(f"no fork server on this host: {p.fork_server_note}")
-    h = p.start([builtin_program("guess_number")])[0]
+    h = p.start([builtin_program("guess_secret")])[0]
     assert p.reset_many([h], seeds=[0])[0].ok
     assert p.wait_ready()
     _kill_server(p)
@@ -776,7 +776,7 @@ def test_fork_server_death_restarts_it(caplog):
       assert not r.ok and r.reason == "crash", r
     p.release([h])
     # The next start skips a warm spare that died with the server, forks from a new one.
-    hs = p.start([builtin_program("guess_number")] * 2)
+    hs = p.start([builtin_program("guess_secret")] * 2)
     assert all(h.alive for h in hs) and _forked(p, hs), [h.detail for h in hs]
     assert all(r.ok for r in p.reset_many(hs, seeds=[0, 1]))
     p.release(hs)
@@ -790,7 +790,7 @@ def test_fork_server_that_keeps_dying_gives_way_to_spawning(monkeypatch, caplog)
     if p.supply.server is None:
       pytest.skip(f"no fork server on this host: {p.fork_server_note}")
     _kill_server(p)
-    h = p.start([builtin_program("guess_number")])[0]
+    h = p.start([builtin_program("guess_secret")])[0]
     assert h.alive and not _forked(p, [h]), h.detail
     assert p.reset_many([h], seeds=[0])[0].ok
     p.release([h])
@@ -802,7 +802,7 @@ def test_no_fork_server_starts_workers_one_by_one(monkeypatch, caplog):
   monkeypatch.setattr(forkserver, "supported", lambda: (False, "switched off for this test"))
   with caplog.at_level("INFO"), EnvPool(dataclasses.replace(FORK_CFG, num_workers=0)) as p:
     assert "switched off for this test" in p.fork_server_note
-    h = p.start([builtin_program("guess_number")])[0]
+    h = p.start([builtin_program("guess_secret")])[0]
     assert h.alive and not _forked(p, [h])
     assert p.reset_many([h], seeds=[0])[0].ok
     p.release([h])

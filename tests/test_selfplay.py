@@ -33,7 +33,7 @@ BROKEN = "```python\nclass BrokenEnv(:\n    pass\n```"
 
 
 def _designer_outputs():
-  valid = "Here is my environment.\n```python\n" + envs.builtin_program("guess_number") + "\n```"
+  valid = "Here is my environment.\n```python\n" + envs.builtin_program("guess_secret") + "\n```"
   return [valid, HANGS, BROKEN, "I cannot write code today."]
 
 
@@ -225,7 +225,7 @@ def test_skills_rotate_per_regeneration():
 
 # Crashes when an agent guesses 50, unless solution() was called on the instance (as the
 # validator does before replaying it; self-play never calls it on a live episode).
-CRASHES_ON_50 = envs.builtin_program("guess_number").replace(
+CRASHES_ON_50 = envs.builtin_program("guess_secret").replace(
     "  def step(self, action", "  def step(self, action, _=None):\n"
     "    if str(action).strip() == '50' and not getattr(self, 'witness', False):\n"
     "      raise RuntimeError('boom')\n"
@@ -247,14 +247,14 @@ def test_crashed_program_is_penalised_then_blacklisted(tmp_path, scripted, pool,
 
 
 def _seeded_program(sp, slow=(), crash=(), win=()):
-  """guess_number, scripted per play seed: a step on a `slow` seed runs past the sandbox's
+  """guess_secret, scripted per play seed: a step on a `slow` seed runs past the sandbox's
   call deadline, one on a `crash` seed raises, and a `win` seed's secret is 50 (the
   scripted agent's guess). Each argument lists (iteration, slot, play) triples."""
 
   def seeds(triples):
     return {sp._seed(*t) for t in triples}  # pylint: disable=protected-access
 
-  return envs.builtin_program("guess_number").replace(
+  return envs.builtin_program("guess_secret").replace(
       "    self.secret = rng.randint(self.low, self.high)\n",
       "    self.secret = rng.randint(self.low, self.high)\n"
       f"    self.secret = 50 if seed in {seeds(win)!r} else self.secret\n"
@@ -394,7 +394,7 @@ def test_design_ahead_draws_the_next_regeneration_during_the_plays(tmp_path, scr
   sp3 = _count_steps_only(_selfplay(tmp_path, pool, design_ahead=True, regen_every=2))
   sp3.restore_host_state(host)
   sp3.state = state
-  sp3.memory.add(dz.MemoryRecord(program=envs.builtin_program("guess_number"),
+  sp3.memory.add(dz.MemoryRecord(program=envs.builtin_program("guess_secret"),
                                  skill="logical deduction", setting="games",
                                  win_rate_nohint=0.5, regret=0.3, iteration=1))
   scripted.clear()

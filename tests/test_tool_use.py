@@ -59,7 +59,7 @@ def _play(pool, chat, source, seed, turns, max_turns=8):
                       setting="tool_use")[0]
 
 
-@pytest.mark.parametrize("name", envs.builtin.NAMES["tool_use"])
+@pytest.mark.parametrize("name", envs.programs.BUILTIN["tool_use"])
 def test_builtin_tool_envs_are_valid_and_won_by_their_solution(pool, chat, name):
   source = envs.builtin_program(name)
   v = envs.validate_program(source, pool, CFG)
@@ -143,7 +143,7 @@ def test_reset_gate_and_contract_reject_bad_tool_programs(pool, change, reason):
 
 
 def test_a_game_style_program_is_not_a_tool_program(pool):
-  v = envs.validate_program(envs.builtin_program("guess_number"), pool, CFG)
+  v = envs.validate_program(envs.builtin_program("guess_secret"), pool, CFG)
   assert v.reason == "contract" and "tool_<name>" in v.detail
 
 

@@ -158,7 +158,7 @@ def test_require_solution(pool):
 
 
 def test_validate_without_pool():
-  v = validate_program(builtin_programs()["guess_number"], None, CFG)
+  v = validate_program(builtin_programs()["guess_secret"], None, CFG)
   assert v.valid, v.detail
 
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 from spade_jax.designer.corpus import Document, truncate
 from spade_jax.designer.memory import MemoryRecord, ProgramRenderer, render_program
-from spade_jax.envs.builtin import builtin_program
+from spade_jax.envs.programs import builtin_program, load_program
 from spade_jax.envs.contract import (COMMON_RULES, SETTINGS, SKILLS, TOOL_DOMAINS,
                                      TOOL_TASK_TYPES, Setting, check_skill)
 
@@ -298,67 +298,19 @@ def _demo_records(setting: str):
                  "x += 1 evaluates the target once, applies the operation, and assigns the "
                  "result back to the original target.")
   if setting == "games":
-    good = MemoryRecord(program=_DEMO_PROGRAM, doc_id="stdlib/heapq", skill="optimization",
-                        win_rate_nohint=0.375, win_rate_hint=0.75, regret=0.375,
-                        designer_reward=0.93, iteration=12, setting=setting)
+    good = MemoryRecord(program=load_program("coin_change"), doc_id="stdlib/heapq",
+                        skill="optimization", win_rate_nohint=0.375, win_rate_hint=0.75,
+                        regret=0.375, designer_reward=0.93, iteration=12, setting=setting)
   else:
     good = MemoryRecord(program=builtin_program("library_loans"), doc_id="stdlib/sqlite3",
                         skill="data retrieval", win_rate_nohint=0.25, win_rate_hint=0.625,
                         regret=0.375, designer_reward=0.88, iteration=16, setting=setting)
-  bad = MemoryRecord(program="class EchoEnv:\n  def reset(self, seed=None, options=None):\n"
-                     "    return 'say 1', {}\n  def step(self, action):\n"
-                     "    return '', 1.0, True, False, {}\n",
+  bad = MemoryRecord(program=load_program("echo_trivial"),
                      doc_id="stdlib/string", skill=SKILLS[setting][3],
                      reason="trivial: random play solves 100% of episodes", iteration=9,
                      setting=setting)
   return doc, [good], bad
 
-
-_DEMO_PROGRAM = '''\
-import random
-
-
-class CoinChangeEnv:
-  """Pay an amount with the fewest coins from a seeded coin system."""
-
-  def __init__(self, max_turns: int = 25, **kwargs):
-    self.max_turns = max_turns
-
-  def reset(self, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
-    rng = random.Random(seed)
-    self.coins = sorted(rng.sample(range(2, 30), 4) + [1])
-    self.amount = rng.randint(40, 120)
-    self.best = self._fewest()
-    self.turns = 0
-    return (f"Coins: {self.coins}. Pay exactly {self.amount} with as few coins as possible. "
-            "Answer with the coin values separated by '+'."), {}
-
-  def _fewest(self) -> list[int]:
-    best = [[]] + [None] * self.amount
-    for a in range(1, self.amount + 1):
-      options = [best[a - c] + [c] for c in self.coins if c <= a and best[a - c] is not None]
-      best[a] = min(options, key=len) if options else None
-    return best[self.amount]
-
-  def step(self, action: str) -> tuple[str, float, bool, bool, dict]:
-    self.turns += 1
-    truncated = self.turns >= self.max_turns
-    try:
-      used = [int(x) for x in action.split("+")]
-    except ValueError:
-      return "Use the form 5+5+1.", 0.0, False, truncated, {}
-    if sum(used) != self.amount or any(c not in self.coins for c in used):
-      return "That does not pay the amount with the given coins.", 0.0, False, truncated, {}
-    if len(used) == len(self.best):
-      return "Optimal.", 1.0, True, False, {}
-    return f"Valid, but {len(used)} coins is not the fewest.", 0.0, False, truncated, {}
-
-  def solution(self) -> list[str]:
-    return ["+".join(map(str, self.best))]
-
-  def hint(self) -> str:
-    return "Greedy choice can fail here; compute the fewest coins for every smaller amount first."
-'''
 
 
 def render_all(max_chars: int = 12_000) -> str:

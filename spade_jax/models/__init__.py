@@ -1,9 +1,9 @@
 """Qwen3 / Qwen3-MoE / Llama decoder models, presets, HF and GGUF interop, vocabularies."""
 
 from spade_jax.models.config import ModelConfig, PRESETS, get_preset, preset_key
-from spade_jax.models.attention import (ATTENTION, DECODE_ATTENTION, DECODE_BLOCK,
-                                        KEY_CACHE_AXES, VALUE_CACHE_AXES, cache_shapes,
-                                        init_cache)
+from spade_jax.models.attention import ATTENTION, DECODE_ATTENTION, DECODE_BLOCK
+from spade_jax.models.cache import (KEY_CACHE_AXES, VALUE_CACHE_AXES, cache_shapes, init_cache,
+                                    write_cache)
 from spade_jax.models.moe import load_balancing_loss
 from spade_jax.models.qwen3 import (Params, forward, init_params, layer_segments,
                                     logits_from_hidden, num_params, param_axes,

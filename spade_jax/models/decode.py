@@ -21,7 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from spade_jax.models.attention import DECODE_ATTENTION, write_cache
+from spade_jax.models.attention import DECODE_ATTENTION
+from spade_jax.models.cache import write_cache
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.moe import moe_mlp
 from spade_jax.models.qwen3 import Params, apply_rope, rms_norm, rope_tables

@@ -38,7 +38,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from spade_jax.models.attention import ATTENTION, DECODE_ATTENTION, write_cache
+from spade_jax.models.attention import ATTENTION, DECODE_ATTENTION
+from spade_jax.models.cache import write_cache
 from spade_jax.models.config import ModelConfig
 from spade_jax.models.moe import moe_mlp
 from spade_jax.parallel import constrain
@@ -170,7 +171,7 @@ def _attention_block(x, lp, positions, mask, cache_kv, cache_index, cfg: ModelCo
 
   Args:
     x: [B, T, D].
-    cache_kv: None, or (k_all, v_all, layer) as for `attention.write_cache`.
+    cache_kv: None, or (k_all, v_all, layer) as for `cache.write_cache`.
 
   Returns:
     (x [B, T, D], None or the updated (k_all, v_all)).
@@ -260,14 +261,14 @@ def forward(params: Params, cfg: ModelConfig, tokens: jax.Array,
     positions: [B, T] int RoPE positions.
     mask: [B, T, S] bool, True where query t may attend to key s. Without a
       cache S == T; with a cache S is the cache length.
-    cache: optional {"k", "v"} from `attention.init_cache`: keys stacked
+    cache: optional {"k", "v"} from `cache.init_cache`: keys stacked
       [L, B, K, E, S] and values [L, B, K, S, E], or tuples of L per-layer
       buffers (the layers then run unrolled). The chunk's keys/values are
       written at `cache_index` along S before attending.
     cache_index: start index of this chunk in the cache: a scalar, or [B] (one
-      per row, see `attention.write_cache`).
+      per row, see `cache.write_cache`).
     write_mask: optional [B, T] bool with a per-row `cache_index`: chunk entries
-      not written to the cache (see `attention.write_cache`).
+      not written to the cache (see `cache.write_cache`).
     return_hidden: return final hidden states [B, T, D] instead of logits.
     return_router_logits: also return the MoE router logits
       [L_moe, B, T, X] (for `load_balancing_loss`) as a third output.

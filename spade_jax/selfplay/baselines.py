@@ -234,7 +234,11 @@ class StaticPool:
             "pos": self.pos}
 
   def restore(self, state: Mapping[str, Any]) -> None:
-    valid = state["valid"]
+    valid, skipped = state["valid"], dict(state["skipped"])
+    if not self.cfg.path:  # built-in ids written before the renames
+      new = envs.programs.RENAMED
+      valid = None if valid is None else [new.get(pid, pid) for pid in valid]
+      skipped = {new.get(pid, pid): why for pid, why in skipped.items()}
     if valid is not None:
       missing = sorted(set(valid) - set(self.programs))
       if missing:
@@ -242,7 +246,7 @@ class StaticPool:
                          f"static_pool.path={self.cfg.path!r} no longer has: {missing[:8]}. "
                          "Resume with the pool the run started from.")
       valid = list(valid)
-    self.valid, self.skipped = valid, dict(state["skipped"])
+    self.valid, self.skipped = valid, skipped
     self.epoch, self.pos, self._order = int(state["epoch"]), int(state["pos"]), None
 
 

@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from spade_jax.envs.programs import load_program
 from spade_jax.eval.answers import scoring_source
 from spade_jax.eval.procedural import check_family, generate, held_out_tasks, max_level
 from spade_jax.eval.rgym import PROMPT
@@ -190,46 +191,6 @@ class DifficultyController:
     self.families = {f: FamilyWindow(**state[f]) for f in self.families}
 
 
-# The program's body: ANSWER, OBSERVATION and SCORING are assigned above it, then the
-# library's answer parser itself (`eval.answers.scoring_source()`, standard library only): the
-# answer is read by the very code held-out evaluation uses, so a reward and an evaluation of
-# the same text agree.
-_BODY = r'''
-
-class TaskEnv:
-  """One question, one answer turn: reward 1.0 for the right answer, else 0.0.
-
-  SCORING "exact": the stripped last boxed answer after thinking, else the answer tag,
-  equal to ANSWER as a string; "lenient": the answer wherever it reasonably is, numbers
-  compared by value. info["strict"]: the last boxed answer was right.
-  """
-
-  def __init__(self, max_turns=1, **kwargs):
-    self.max_turns = max_turns
-    self.done = False
-
-  def reset(self, seed=None, options=None):
-    self.done = False
-    return OBSERVATION, {}
-
-  def step(self, action):
-    if self.done:
-      return "The task is over.", 0.0, True, False, {}
-    self.done = True
-    if SCORING == "lenient":
-      right = score(action, ANSWER)["lenient"]
-    else:
-      right = final_answer(action)[0] == ANSWER
-    info = {"strict": strict_answer(action) == ANSWER}
-    if right:
-      return "Correct.", 1.0, True, False, info
-    return "Incorrect.", 0.0, True, False, info
-
-  def solution(self):
-    return ["\\boxed{" + ANSWER + "}"]
-'''
-
-
 def task_program(task: Mapping[str, Any], scoring: str = "exact") -> str:
   """The single-turn env program of a task from :func:`generate` (see the module doc).
 
@@ -237,11 +198,16 @@ def task_program(task: Mapping[str, Any], scoring: str = "exact") -> str:
   """
   if scoring not in SCORINGS:
     raise ValueError(f"scoring={scoring!r}; expected one of {SCORINGS}.")
+  # ANSWER, OBSERVATION and SCORING, then the library's one answer parser itself
+  # (`eval.answers.scoring_source()`, standard library only: the answer is read by the very
+  # code held-out evaluation uses, so a reward and an evaluation of the same text agree),
+  # then the env class (template `rlve_task`).
   return (f'"""RLVE task: reasoning-gym {task["family"]}, level {task["level"]}, '
           f'seed {task["seed"]}."""\n\n'
           f"ANSWER = {task['answer']!r}\n"
           f"OBSERVATION = {PROMPT.format(question=task['question'])!r}\n"
-          f"SCORING = {scoring!r}\n\n" + scoring_source() + _BODY)
+          f"SCORING = {scoring!r}\n\n" + scoring_source() + "\n\n"
+          + load_program("rlve_task"))
 
 
 __all__ = ["DEFAULT_FAMILIES", "DifficultyController", "FamilyWindow", "RLVEConfig",

@@ -61,7 +61,8 @@ class Family:
     title: one line saying what the game is (the program's docstring).
     knobs: the difficulty knobs, in the order they are rendered.
     body: the program after its knob constants: imports, helpers and the ``...Env``
-      class, which reads the constants (and ``TURNS``) as globals.
+      class, which reads the constants (and ``TURNS``) as globals (the shipped families
+      load it with ``envs.programs.load_program(name)``).
     turns: knob values -> the most turns an episode can last (the game's own turn
       budget, rendered as the constant ``TURNS``); play with ``max_turns >=`` this.
     perturb: (rng, intended action, knob values) -> a random plausible action, used by
@@ -69,9 +70,9 @@ class Family:
     check: knob values -> None when they make a playable game, else why not.
     work: optional source of a function ``work(self)`` of the env returning a worked step
       for the current state (the local computation behind ``solution()[0]``, e.g.
-      ``19 + 7 = 26``; "" where none helps). Only :meth:`program` with ``worked=True``
-      renders it, as the env's ``work()`` method, for scripted players that show their
-      work; the designer-facing program never has it.
+      ``19 + 7 = 26``; "" where none helps; shipped as program ``<name>_work``). Only
+      :meth:`program` with ``worked=True`` renders it, as the env's ``work()`` method, for
+      scripted players that show their work; the designer-facing program never has it.
   """
   name: str
   skill: str

@@ -15,7 +15,7 @@ import pytest
 
 from spade_jax.designer import Corpus, CorpusConfig, hint_audit, hint_leaks
 from spade_jax.envs import tools as tools_lib
-from spade_jax.envs.builtin import NAMES as BUILTIN_NAMES, builtin_programs
+from spade_jax.envs.programs import BUILTIN as BUILTIN_NAMES, builtin_programs
 from spade_jax.envs.families import FAMILIES, HELD_OUT, NUM_LEVELS, seen_families
 from spade_jax.envs.replay import play_solutions
 from spade_jax.eval import contamination, heldout, rgym
@@ -153,7 +153,7 @@ def test_hint_audit_checks():
 
 def test_flag_drop_off_and_metrics(index):
   planted = _program_with_docstring(_humaneval("HumanEval/12")["prompt"])
-  clean = builtin_programs("games")["guess_number"]
+  clean = builtin_programs("games")["guess_secret"]
   flag = Auditor(AuditConfig(mode="flag"), index=index)
   drop = Auditor(AuditConfig(mode="drop"), index=index)
   assert flag.program(planted).flagged and not flag.program(planted).drop
@@ -352,7 +352,7 @@ def test_launch_report_on_a_small_workdir(tmp_path, auditor, index):
   from launch import audit as launch_audit  # pylint: disable=g-import-not-at-top
   planted = _program_with_docstring(_humaneval("HumanEval/12")["prompt"])
   records = [{"program": planted, "code_hash": "a" * 16, "skill": "coding", "iteration": 1},
-             {"program": builtin_programs("games")["guess_number"], "code_hash": "b" * 16,
+             {"program": builtin_programs("games")["guess_secret"], "code_hash": "b" * 16,
               "skill": "logic", "iteration": 1, "reason": None}]
   (tmp_path / "memory.json").write_text(json.dumps({"version": 2, "records": records}))
   notes = [auditor.program(planted), auditor.hint("it is forty-two", ["42"]),

@@ -153,7 +153,7 @@ ALLOWED = {
     # `actions.last_boxed`.
     "spade_jax/selfplay/iteration.py": "pending: the judge's verdict",
 }
-# Env program texts under envs/families and envs/builtin that parse their own actions:
+# Env program texts under envs/programs that parse their own actions:
 # none today; a new one must be named here.
 ALLOWED_PROGRAMS: dict[str, str] = {}
 
@@ -212,7 +212,7 @@ def test_no_other_boxed_reader_in_the_repository():
   assert not found, (f"\\boxed readers outside sandbox/worker/actions.py: {found}; use "
                      "actions.last_boxed (or eval.answers) instead")
   for path in ALLOWED_PROGRAMS:
-    assert path.startswith(("spade_jax/envs/families/", "spade_jax/envs/builtin/")), path
+    assert path.startswith("spade_jax/envs/programs/"), path
   for path in list(ALLOWED) + list(ALLOWED_PROGRAMS):
     assert path in files and _boxed_readers((ROOT / path).read_text(encoding="utf-8")), (
         f"{path} no longer reads \\boxed itself: drop it from the allow-list")

@@ -170,3 +170,79 @@ def test_contract_constants_are_defined_once(name):
   assert len(where) <= 1, (name, where)
   if name != "HINT_SOURCES" and where:
     assert where == ["spade_jax.envs.contract"], (name, where)
+
+
+# Self-play's own layout: a floor (the config, the iteration state, the roles) below the
+# stage rooms, and rooms in the order an iteration runs them; `iteration` orders them.
+SELFPLAY_FLOOR = ("config", "state", "roles")
+SELFPLAY_ROOMS = ("design", "hints", "play", "credit", "train")
+SELFPLAY_ABOVE = ("iteration", "loop", "build")  # what orders or drives the rooms
+
+
+def _selfplay(name: str) -> str:
+  return f"spade_jax.selfplay.{name}"
+
+
+def _room(name: str) -> str:
+  return f"spade_jax.selfplay.stages.{name}"
+
+
+def test_selfplay_parts_exist():
+  modules = _modules()
+  for name in SELFPLAY_FLOOR + SELFPLAY_ABOVE:
+    assert _selfplay(name) in modules, name
+  for name in SELFPLAY_ROOMS:
+    assert _room(name) in modules, name
+  rooms = {m for m in modules if m.startswith("spade_jax.selfplay.stages.")}
+  assert rooms == {_room(r) for r in SELFPLAY_ROOMS}, sorted(rooms)
+
+
+def test_selfplay_floor_lies_below_the_rooms():
+  graph = _graph()
+  above = {_room(r) for r in SELFPLAY_ROOMS} | {_selfplay(a) for a in SELFPLAY_ABOVE}
+  for name in SELFPLAY_FLOOR:
+    up = sorted(graph[_selfplay(name)] & above)
+    assert not up, (name, up)
+
+
+def test_each_room_imports_only_earlier_rooms():
+  graph = _graph()
+  above = {_selfplay(a) for a in SELFPLAY_ABOVE}
+  for i, name in enumerate(SELFPLAY_ROOMS):
+    deps = graph[_room(name)]
+    later = sorted(d for d in deps if d.startswith("spade_jax.selfplay.stages.")
+                   and d.rsplit(".", 1)[1] in SELFPLAY_ROOMS[i:])
+    assert not later, (name, later)
+    assert not deps & above, (name, sorted(deps & above))
+
+
+def test_rooms_return_their_metrics():
+  """A stage never writes into a dict it was handed (a `metrics` or `times` argument)."""
+  writes = []
+  for path in sorted((ROOT / "selfplay" / "stages").glob("*.py")):
+    for fn in ast.walk(ast.parse(path.read_text())):
+      if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        continue
+      params = {a.arg for a in fn.args.args + fn.args.kwonlyargs} - {"self"}
+      writes += [f"{path.name}:{fn.name} takes {p!r}" for p in params & {"metrics", "times"}]
+      for node in ast.walk(fn):
+        targets = []
+        if isinstance(node, ast.Assign):
+          targets = node.targets
+        elif isinstance(node, ast.AugAssign):
+          targets = [node.target]
+        for t in targets:
+          if (isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)
+              and t.value.id in params):
+            writes.append(f"{path.name}:{fn.name} writes into {t.value.id!r}")
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("update", "setdefault")
+            and isinstance(node.func.value, ast.Name) and node.func.value.id in params):
+          writes.append(f"{path.name}:{fn.name} updates {node.func.value.id!r}")
+  assert not writes, writes
+
+
+def test_no_selfplay_file_over_600_lines():
+  long = {str(p.relative_to(ROOT)): n for p in (ROOT / "selfplay").rglob("*.py")
+          if (n := len(p.read_text().splitlines())) > 600}
+  assert not long, long

@@ -14,6 +14,7 @@ from spade_jax.metrics import read_metrics
 from spade_jax.models import ByteVocab, HFTokenizer, get_preset
 from spade_jax.sampling import Generation, SamplingConfig
 from spade_jax.selfplay import iteration as iteration_lib
+from spade_jax.selfplay.stages import play as play_lib
 from spade_jax.selfplay.build import make
 from spade_jax.selfplay.loop import progress_line
 
@@ -124,12 +125,12 @@ def test_invalid_samples_are_resampled(tmp_path, scripted, pool):
 
 def test_hinted_plays_use_unhinted_seeds(tmp_path, scripted, pool, monkeypatch):
   seen = []
-  real = iteration_lib.run_episodes
+  real = play_lib.run_episodes
 
   def spy(pool_, sources, specs, *a, **k):
     seen.extend(specs)
     return real(pool_, sources, specs, *a, **k)
-  monkeypatch.setattr(iteration_lib, "run_episodes", spy)
+  monkeypatch.setattr(play_lib, "run_episodes", spy)
   _selfplay(tmp_path, pool, hinted_plays=4).iteration(0)
   for e in range(4):
     plain = [s.seed for s in seen if s.env == e and not s.hinted]
@@ -337,7 +338,7 @@ def test_overlap_play_reaches_the_episode_runner(tmp_path, scripted, pool, monke
     seen.append(kwargs.get("overlap"))
     raise Stop
 
-  monkeypatch.setattr(iteration_lib, "run_episodes", spy)
+  monkeypatch.setattr(play_lib, "run_episodes", spy)
   for overlap, cohorts in ((False, 0), (True, 0), (True, 3)):
     with pytest.raises(Stop):
       _selfplay(tmp_path, pool, overlap_play=overlap, play_cohorts=cohorts).iteration(0)
@@ -367,8 +368,8 @@ def test_design_ahead_draws_the_next_regeneration_during_the_plays(tmp_path, scr
   scripted.clear()
   m1 = sp.iteration(1)  # the last iteration of the cohort draws the next one's designs
   assert _designer_calls(scripted) == [4] and m1["designer/ahead_samples"] == 4
-  assert "designer/samples" not in m1 and sp.ahead["iteration"] == 2
-  assert sp.ahead["version"] == 1  # the weights after one update, before iteration 1's
+  assert "designer/samples" not in m1 and sp.ahead.iteration == 2
+  assert sp.ahead.version == 1  # the weights after one update, before iteration 1's
   host, state = json.loads(json.dumps(sp.host_state())), sp.state
   scripted.clear()
   m2 = sp.iteration(2)
@@ -420,19 +421,19 @@ def test_design_ahead_decodes_designs_on_the_agent_engine(tmp_path, pool, monkey
   # The real policy: the next regeneration's designs go to the episode runner as
   # requests beside the plays, and the regeneration takes them.
   seen = []
-  real = iteration_lib.run_episodes_with_requests
+  real = play_lib.run_episodes_with_requests
 
   def spy(*args, **kwargs):
     seen.append(len(args[6]))
     return real(*args, **kwargs)
 
-  monkeypatch.setattr(iteration_lib, "run_episodes_with_requests", spy)
+  monkeypatch.setattr(play_lib, "run_episodes_with_requests", spy)
   sp = _count_steps_only(_selfplay(tmp_path, pool, design_ahead=True, designer_new_tokens=48,
                                    max_turns=1, agent_turn_tokens=8, hinted_plays=1, plays=1))
   m0 = sp.iteration(0)
   assert seen == [4] and m0["designer/ahead_samples"] == 4
   assert m0["sampling/designer/ahead_tokens"] > 0
-  assert all(len(t) > 0 for t in sp.ahead["tokens"])
+  assert all(len(t) > 0 for t in sp.ahead.tokens)
   m1 = sp.iteration(1)
   assert m1["designer/ahead_used"] + m1["designer/ahead_stale"] == 4
   assert m1["designer/samples"] == 4

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import types
 
 import jax
 import numpy as np
@@ -11,7 +12,8 @@ from spade_jax import envs
 from spade_jax.models import ChatTemplate, HFTokenizer, get_preset, init_params
 from spade_jax.sampling import Generation, Sampler, SamplingConfig
 from spade_jax.sandbox import EnvPool, SandboxConfig
-from spade_jax.selfplay import iteration as iteration_lib
+from spade_jax.selfplay import SelfPlayConfig
+from spade_jax.selfplay.stages import design as design_lib
 from spade_jax.selfplay.episodes import EpisodeSpec, run_episodes
 
 from experiments.configs import tiny
@@ -147,7 +149,7 @@ def test_a_game_style_program_is_not_a_tool_program(pool):
   assert v.reason == "contract" and "tool_<name>" in v.detail
 
 
-def test_the_judge_rejects_an_unreachable_criterion(monkeypatch, pool):
+def test_the_judge_rejects_an_unreachable_criterion(pool):
   unreachable = _BAD_BASE.replace('lambda: b[held]["on_loan_to"] is None',
                                   'lambda: b[held]["on_loan_to"] == "nobody"')
   sound = envs.validate_program(_BAD_BASE, pool, CFG)
@@ -166,15 +168,22 @@ def test_the_judge_rejects_an_unreachable_criterion(monkeypatch, pool):
     toks = [CHAT.vocab.encode(t) + [CHAT.vocab.eos_id] for t in texts]
     return Generation(toks, [[0.0] * len(t) for t in toks], [True] * len(toks))
 
-  sp = object.__new__(iteration_lib.SelfPlay)
-  sp.cfg = iteration_lib.SelfPlayConfig(setting="tool_use", llm_validator=True)
-  sp.chat, sp.vocab = CHAT, CHAT.vocab
-  monkeypatch.setattr(iteration_lib.SelfPlay, "_policy", lambda self, it, role: scripted_judge)
+  cfg = SelfPlayConfig(setting="tool_use", llm_validator=True)
+  roles = types.SimpleNamespace(chat=CHAT, vocab=CHAT.vocab)  # what the judge reads of Roles
+  roles_asked = []
+
+  def policy(it, role):
+    roles_asked.append((it, role))
+    return scripted_judge
+
   no_solution = dataclasses.replace(bad, valid=True, reason=None)  # as if it had no witness
-  m = {}
-  out = sp._judge(0, 0, [sound, no_solution], m)  # pylint: disable=protected-access
+  out, judged = design_lib.judge(cfg, roles, policy, 0, 0, [sound, no_solution])
   assert out[0].valid and (out[1].valid, out[1].reason) == (False, "judge")
-  assert m["designer/judged"] == 2 and "\\boxed{yes}" in judged_programs[0]
+  assert "attempt 0" in out[1].detail and roles_asked == [(0, "hint")]
+  assert judged == 2 and "\\boxed{yes}" in judged_programs[0]
+  # Nothing valid: nothing to judge, the policy is not asked.
+  assert design_lib.judge(cfg, roles, policy, 1, 1, [out[1]]) == ([out[1]], 0)
+  assert roles_asked == [(0, "hint")]
 
 
 CHAT = ChatTemplate(HFTokenizer(tiny.TOKENIZER))

@@ -2,7 +2,7 @@
 
 ``selfplay.env_source`` names an entry of :data:`ENV_SOURCES`:
 
-* ``"designer"``: the policy writes the programs (``SelfPlay._design``; the paper's method);
+* ``"designer"``: the policy writes the programs (``stages.design.Design``; the paper's method);
 * ``"static_pool"``: a fixed set of programs (:class:`StaticPool`), drawn without
   replacement; ``static_pool.path=""`` is the setting's built-in programs;
 * ``"rlve"``: reasoning-gym problems under a difficulty controller

@@ -1,0 +1,230 @@
+"""The design stage: at a regeneration every slot gets a new program.
+
+`Design` (SPADE, REFERENCE §1): the policy writes one program per slot for one of the
+regeneration's skills; a program that fails validation (or the LLM judge, REFERENCE §5)
+is resampled up to `designer_resamples` times; every sample joins the pending designer
+samples, to be credited later; a slot left without a valid program plays a built-in one
+(`fill_from_pool`). With `design_ahead` the first sample of each slot may have been drawn
+during the previous iteration's plays (`HostState.ahead`); it is taken when its prompt is
+still the one the slot would be shown now.
+
+`Draw` (the baselines): every slot gets the env source's next program.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from spade_jax import designer as dz
+from spade_jax import envs
+from spade_jax.sampling import Generation, Sampler
+from spade_jax.selfplay.config import SelfPlayConfig
+from spade_jax.selfplay.roles import Roles
+from spade_jax.selfplay.state import DesignSample, HostState, Slot
+
+Policy = Callable[[int, str], Any]  # (iteration, role) -> a sampler
+
+
+def regen_skills(skills: tuple[str, ...], per_regen: int, regen: int,
+                 num_envs: int) -> list[str]:
+  """Each slot's skill at regeneration number `regen` (REFERENCE §1.1).
+
+  `per_regen` skills (0: all) are chosen round-robin, so successive regenerations cover
+  every skill, and the slots are dealt among them in turn: 24 envs and 3 of 6 skills give
+  8 envs per skill, so every skill's cohort has several members to be centred on.
+  """
+  k = min(per_regen or len(skills), len(skills))
+  chosen = [skills[(regen * k + j) % len(skills)] for j in range(k)]
+  return [chosen[e % k] for e in range(num_envs)]
+
+
+def _last_boxed(text: str) -> str | None:
+  """Content of the last \\boxed{...} of a reply (one level of nested braces)."""
+  found = re.findall(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}", text)
+  return found[-1] if found else None
+
+
+def judge(cfg: SelfPlayConfig, roles: Roles, policy: Policy, it: int, attempt: int,
+          verdicts: list) -> tuple[list, int]:
+  """REFERENCE §5's LLM validator: the policy judges each valid program (hint sampling);
+  a `\\boxed{no}` (or no verdict) rejects it with reason "judge".
+
+  Returns:
+    (the verdicts with the judge's rejections, how many programs were judged).
+  """
+  live = [i for i, v in enumerate(verdicts) if v.valid]
+  if not live:
+    return verdicts, 0
+  prompts = [roles.chat.prompt(None, dz.judge_prompt(verdicts[i].source, cfg.setting))
+             for i in live]
+  gen = policy(it, "hint")(prompts, cfg.judge_tokens)
+  out = list(verdicts)
+  for i, toks in zip(live, gen.tokens):
+    said = _last_boxed(roles.vocab.decode(toks))
+    if said is None or said.strip().lower() != "yes":
+      out[i] = dataclasses.replace(out[i], valid=False, reason="judge",
+                                   detail=f"the judge answered {said!r} (attempt {attempt})")
+  return out, len(live)
+
+
+class Design:
+  """The designer's stage (see the module docstring)."""
+
+  def __init__(self, cfg: SelfPlayConfig, roles: Roles, *, skills: tuple[str, ...], corpus,
+               pool, validation: envs.ValidationConfig, pool_programs: list[str]):
+    self.cfg, self.roles, self.skills = cfg, roles, skills
+    self.setting = envs.SETTINGS[cfg.setting]
+    self.corpus, self.pool, self.validation = corpus, pool, validation
+    self.pool_programs = pool_programs
+
+  def prompts(self, it: int, memory: dz.EnvMemory,
+              docs: list | None = None) -> tuple[list, list, list]:
+    """(skills, documents, prompt ids) of each slot at regeneration iteration `it`.
+
+    Documents are drawn from the corpus unless given (a design drawn ahead keeps its own).
+    """
+    cfg, seed = self.cfg, self.roles.play_seed
+    skills = regen_skills(self.skills, cfg.skills_per_regen, it // cfg.regen_every,
+                          cfg.num_envs)
+    prompts, drawn = [], []
+    budget = cfg.designer_prompt_tokens or None
+    for e, skill in enumerate(skills):
+      if docs is not None:
+        doc = docs[e]
+      else:
+        doc = None if cfg.no_corpus else self.corpus.next()
+      drawn.append(doc)
+      tool_kw = {}
+      if self.setting.tool_harness:  # REFERENCE §5: a domain and a task type per slot
+        pick = seed(it, e, 3)
+        tool_kw = dict(domain=envs.TOOL_DOMAINS[pick % len(envs.TOOL_DOMAINS)],
+                       task_type=list(envs.TOOL_TASK_TYPES)[(pick >> 8)
+                                                            % len(envs.TOOL_TASK_TYPES)])
+      text = dz.designer_prompt(
+          cfg.setting, skill, doc, **tool_kw,
+          exemplars=memory.exemplars(skill, setting=cfg.setting, seed=seed(it, e, 1)),
+          negative=memory.negative(skill, setting=cfg.setting, seed=seed(it, e, 2)),
+          no_corpus=cfg.no_corpus, budget=budget, count=self.roles.count_tokens)
+      prompts.append(self.roles.chat.prompt(None, text))
+    return skills, drawn, prompts
+
+  def ahead_due(self, it: int) -> bool:
+    """Whether iteration `it`'s plays also draw the next regeneration's designs."""
+    return self.cfg.design_ahead and (it + 1) % self.cfg.regen_every == 0
+
+  def __call__(self, host: HostState, it: int, *, policy: Policy, version: int,
+               memory: dz.EnvMemory) -> tuple[HostState, dict[str, float]]:
+    """Regenerates every slot, resampling invalid programs; samples join `pending`.
+
+    Args:
+      host: the iteration state before the regeneration.
+      it: the iteration (a regeneration step).
+      policy: (iteration, role) -> sampler.
+      version: the policy version (train step) sampling now.
+      memory: the environment memory (invalid programs are added to it).
+
+    Returns:
+      (the new host state, the stage's metrics and times).
+    """
+    cfg, E = self.cfg, self.cfg.num_envs
+    t0 = time.perf_counter()
+    ahead = host.ahead if host.ahead is not None and host.ahead.iteration == it else None
+    if ahead is not None:  # the same documents; the prompts as the memory stands now
+      skills, docs, prompts = self.prompts(
+          it, memory, [dz.Document(**d) if d else None for d in ahead.docs])
+    else:
+      skills, docs, prompts = self.prompts(it, memory)
+    designer = policy(it, "designer")
+    metrics: dict[str, float] = {}
+    first: dict[int, tuple[list[int], list[float], bool]] = {}
+    if ahead is not None:
+      if isinstance(designer, Sampler):
+        designer.calls = 1  # call 0 of this (iteration, role) drew the designs ahead
+      first = {e: (ahead.tokens[e], ahead.logps[e], ahead.finished[e])
+               for e in range(E) if prompts[e] == ahead.prompts[e]}
+      metrics["designer/ahead_used"] = len(first)
+      metrics["designer/ahead_stale"] = E - len(first)
+    slots, pending = list(host.slots), list(host.pending)
+    need, attempts, valid, judged = list(range(E)), 0, 0, 0
+    reasons: collections.Counter = collections.Counter()
+    finished, tokens, validate_s = [], 0, 0.0
+    for attempt in range(cfg.designer_resamples + 1):
+      if not need:
+        break
+      if attempt == 0 and first:
+        todo = [e for e in need if e not in first]
+        new = (designer([prompts[e] for e in todo], cfg.designer_new_tokens) if todo
+               else Generation([], [], []))
+        got = {**first, **{e: (t, l, f) for e, t, l, f in
+                           zip(todo, new.tokens, new.logprobs, new.finished)}}
+        gen = Generation([got[e][0] for e in need], [got[e][1] for e in need],
+                         [got[e][2] for e in need])
+      else:
+        gen = designer([prompts[e] for e in need], cfg.designer_new_tokens)
+      t1 = time.perf_counter()
+      verdicts = envs.validate_many([self.roles.vocab.decode(t) for t in gen.tokens],
+                                    self.pool, self.validation)
+      validate_s += time.perf_counter() - t1
+      if cfg.llm_validator:
+        verdicts, n = judge(cfg, self.roles, policy, it, attempt, verdicts)
+        judged += n
+      finished += gen.finished
+      tokens += sum(len(t) for t in gen.tokens)
+      attempts += len(need)
+      retry = []
+      for e, toks, lps, v in zip(need, gen.tokens, gen.logprobs, verdicts):
+        p = prompts[e]
+        doc_id = docs[e].id if docs[e] else ""
+        sample = DesignSample(e, envs.skill_index(cfg.setting, skills[e]), doc_id, p + toks,
+                              [0.0] * len(p) + lps, len(p), v.source, v.reason, it, attempt,
+                              ahead.version if attempt == 0 and e in first else version)
+        pending.append(sample)
+        if v.valid:
+          valid += 1
+          slots[e] = Slot(v.source, "designer", sample.skill, doc_id, written=it)
+          continue
+        reasons[v.reason] += 1
+        retry.append(e)
+        if v.source:
+          memory.add(dz.MemoryRecord(program=v.source, doc_id=doc_id, skill=skills[e],
+                                     reason=v.reason, iteration=it, setting=cfg.setting))
+      need = retry
+    for e in need:
+      slots[e] = Slot.from_pool(self.pool_programs, e, it) if cfg.fill_from_pool else Slot()
+    if cfg.llm_validator and judged:
+      metrics["designer/judged"] = judged
+    metrics["time/design"] = time.perf_counter() - t0 - validate_s
+    metrics["time/validate"] = validate_s
+    metrics["designer/samples"] = attempts
+    metrics["designer/valid"] = valid
+    metrics["designer/valid_rate"] = valid / max(attempts, 1)
+    metrics["designer/resampled"] = attempts - E
+    metrics["designer/slots_filled"] = valid
+    for r in envs.REASONS:
+      metrics[f"designer/rejected/{r}"] = reasons.get(r, 0)
+    metrics["sampling/designer/tokens"] = tokens
+    metrics["sampling/designer/finished_rate"] = float(np.mean(finished)) if finished else 0.0
+    new = host.replace(slots=slots, fresh=[True] * E, pending=pending, ahead=None)
+    return new, metrics
+
+
+class Draw:
+  """A baseline's design stage: every slot gets the env source's next program."""
+
+  def __init__(self, cfg: SelfPlayConfig, source, pool):
+    self.cfg, self.source, self.pool = cfg, source, pool
+
+  def __call__(self, host: HostState, it: int) -> tuple[HostState, dict[str, float]]:
+    t0 = time.perf_counter()
+    drawn = self.source.draw(it, self.cfg.num_envs, self.pool)
+    slots = list(host.slots)
+    for e, d in enumerate(drawn):
+      slots[e] = Slot(d.source, d.origin, -1, d.doc_id, written=it)
+    new = host.replace(slots=slots, fresh=[True] * self.cfg.num_envs)
+    return new, {"time/draw": time.perf_counter() - t0}

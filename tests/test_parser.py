@@ -149,9 +149,6 @@ ALLOWED = {
     "tests/fixtures/programs/reference_style.py": "env program parsing its own action",
     # Finds the token span of the answer for a diagnosis plot, not the answer.
     "experiments/mechanism/diagnose.py": "token span of the boxed answer",
-    # The judge's verdict reader (`_last_boxed`, a one-level regex) until the judge calls
-    # `actions.last_boxed`.
-    "spade_jax/selfplay/iteration.py": "pending: the judge's verdict",
 }
 # Env program texts under envs/programs that parse their own actions:
 # none today; a new one must be named here.

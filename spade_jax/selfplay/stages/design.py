@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import re
 import time
 from typing import Any, Callable
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from spade_jax import designer as dz
 from spade_jax import envs
+from spade_jax.eval.answers import last_boxed
 from spade_jax.sampling import Generation, Sampler
 from spade_jax.selfplay.config import SelfPlayConfig
 from spade_jax.selfplay.roles import Roles
@@ -44,12 +44,6 @@ def regen_skills(skills: tuple[str, ...], per_regen: int, regen: int,
   return [chosen[e % k] for e in range(num_envs)]
 
 
-def _last_boxed(text: str) -> str | None:
-  """Content of the last \\boxed{...} of a reply (one level of nested braces)."""
-  found = re.findall(r"\\boxed\{((?:[^{}]|\{[^{}]*\})*)\}", text)
-  return found[-1] if found else None
-
-
 def judge(cfg: SelfPlayConfig, roles: Roles, policy: Policy, it: int, attempt: int,
           verdicts: list) -> tuple[list, int]:
   """REFERENCE §5's LLM validator: the policy judges each valid program (hint sampling);
@@ -66,7 +60,7 @@ def judge(cfg: SelfPlayConfig, roles: Roles, policy: Policy, it: int, attempt: i
   gen = policy(it, "hint")(prompts, cfg.judge_tokens)
   out = list(verdicts)
   for i, toks in zip(live, gen.tokens):
-    said = _last_boxed(roles.vocab.decode(toks))
+    said = last_boxed(roles.vocab.decode(toks))
     if said is None or said.strip().lower() != "yes":
       out[i] = dataclasses.replace(out[i], valid=False, reason="judge",
                                    detail=f"the judge answered {said!r} (attempt {attempt})")

@@ -9,6 +9,8 @@ example, so every section of the prompt shows.
 from absl import app
 from absl import flags
 
+from spade_jax import console
+
 _MAX_CHARS = flags.DEFINE_integer("max_chars", 12_000, "Character budget of each prompt.")
 
 
@@ -20,4 +22,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  console.run(main)

@@ -40,6 +40,7 @@ from typing import Any, Callable, Iterator
 
 from absl import app
 from absl import flags
+from absl import logging as absl_logging
 from ml_collections import config_dict
 from ml_collections import config_flags
 # The config file parser (what DEFINE_config_file uses), to read a config for its keys.
@@ -62,7 +63,6 @@ class BadInput(Exception):
 
 def verbose() -> bool:
   """Whether INFO logs show (``--verbosity=0`` under :func:`run`; ``logging`` level INFO)."""
-  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
   return absl_logging.get_absl_logger().getEffectiveLevel() <= logging.INFO
 
 
@@ -217,6 +217,13 @@ def _config_problem(argv: list[str]) -> str | None:
     problem = config_key_problem(flag.name, argv, spec)
     if problem:
       return problem
+    if isinstance(spec, str):
+      try:
+        ConfigFileFlagParser(flag.name, lock_config=False).parse(spec).keys()
+      except OSError as e:
+        return f"--{flag.name}={spec}: cannot load it ({str(e).splitlines()[-1].strip()})"
+      except Exception:  # pylint: disable=broad-except
+        pass  # reported by the flag's own error
   return _load_problem(argv)
 
 

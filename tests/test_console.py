@@ -17,16 +17,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = "experiments/configs/tiny.py"
 
 
-def _env():
-  env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")
+def _env(**extra):
+  env = dict(os.environ, **{"XLA_FLAGS": "", "JAX_PLATFORMS": "cpu", **extra})
   env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
   env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the launcher's own default is under test
   return env
 
 
-def _run(*args, timeout=300):
+def _run(*args, timeout=300, env=None):
   return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                        timeout=timeout, env=_env(), check=False)
+                        timeout=timeout, env=_env(**(env or {})), check=False)
 
 
 # (launcher arguments, what the one stderr line says)
@@ -48,6 +48,8 @@ BAD_INPUT = [
     (["launch.train", "--config=experiments/configs/nope.py"],
      "launch.train: --config=experiments/configs/nope.py: cannot load it ([Errno 2] No such "
      "file or directory"),
+    (["launch.train", "--config=experiments/configs/nope.py", "--config.iterations=2"],
+     "launch.train: --config=experiments/configs/nope.py: cannot load it"),
     (["launch.train", f"--config={TINY}:smok"],
      "Unknown tiny config variant 'smok'; valid: '' or 'smoke'."),
     (["launch.train", "--config.iterations=abc"],
@@ -165,8 +167,14 @@ def test_hushed_holds_output_back_unless_verbose(capfd):
 
 
 def test_a_run_prints_its_progress_once_and_hides_library_chatter(tmp_path):
-  p = _run("-m", "launch.train", f"--config={TINY}:smoke", "--config.iterations=1",
-           f"--workdir={tmp_path / 'run'}", timeout=600)
+  # The smoke config, one iteration, shorter texts: fewer programs to compile.
+  shrink = ["--config.iterations=1", "--config.selfplay.max_turns=1",
+            "--config.selfplay.designer_prompt_tokens=768", "--config.train.seq_len=1024",
+            "--config.selfplay.designer_new_tokens=16", "--config.selfplay.agent_turn_tokens=8",
+            "--config.selfplay.hint_tokens=8"]
+  p = _run("-m", "launch.train", f"--config={TINY}:smoke", *shrink,
+           f"--workdir={tmp_path / 'run'}", timeout=600,
+           env={"XLA_FLAGS": "--xla_backend_optimization_level=0"})
   out = p.stdout + p.stderr
   assert p.returncode == 0, out[-3000:]
   lines = out.splitlines()

@@ -18,7 +18,11 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   from spade_jax.designer import prompts  # pylint: disable=g-import-not-at-top
-  print(prompts.render_all(_MAX_CHARS.value))
+  try:
+    text = prompts.render_all(_MAX_CHARS.value)
+  except ValueError as e:  # a budget too small for the fixed parts
+    raise console.BadInput(f"--max_chars={_MAX_CHARS.value}: {e}") from e
+  print(text)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ BAD_INPUT = [
      "launch.export: /nonexistent/run/config.json does not exist"),
     (["launch.plot", "--workdir=/nonexistent/run"], "launch.plot: No metrics in '/nonexistent/run'"),
     (["launch.plot"], "launch.plot: Pass --workdir."),
+    (["launch.prompts", "--max_chars=500"],
+     "launch.prompts: --max_chars=500: The designer prompt needs"),
     # Without --config the default file's overrides are applied at import.
     (["launch.train", "--config.iteratons=1"],
      f"launch.train: --config.iteratons: {TINY} has no key 'iteratons'; "

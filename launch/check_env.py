@@ -10,9 +10,10 @@ the validation verdict and the transcript of ``solution()`` played on seeds
 
 import dataclasses
 import json
-import sys
 
 from absl import app, flags
+
+from spade_jax import console
 
 from spade_jax.envs import (SETTINGS, ValidationConfig, extract_program, play_solutions,
                             validate_program)
@@ -88,4 +89,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-  sys.exit(app.run(main))
+  console.run(main)

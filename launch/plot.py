@@ -11,6 +11,8 @@ TIS weight).
 from absl import app
 from absl import flags
 
+from spade_jax import console
+
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir (local or gs://).")
 _OUT = flags.DEFINE_string("out", None, "Output directory (default: <workdir>/plots).")
 
@@ -26,4 +28,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  console.run(main)

@@ -9,6 +9,8 @@ example, so every section of the prompt shows.
 from absl import app
 from absl import flags
 
+from spade_jax import console
+
 _MAX_CHARS = flags.DEFINE_integer("max_chars", 12_000, "Character budget of each prompt.")
 
 
@@ -16,8 +18,12 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   from spade_jax.designer import prompts  # pylint: disable=g-import-not-at-top
-  print(prompts.render_all(_MAX_CHARS.value))
+  try:
+    text = prompts.render_all(_MAX_CHARS.value)
+  except ValueError as e:  # a budget too small for the fixed parts
+    raise console.BadInput(f"--max_chars={_MAX_CHARS.value}: {e}") from e
+  print(text)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  console.run(main)

@@ -18,9 +18,10 @@ import os
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file(
+from spade_jax import console
+
+_CONFIG = console.define_config_file(
     "config", "experiments/configs/tiny.py", "Experiment config file.",
     lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", "/tmp/spade_jax/tiny",
@@ -101,4 +102,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  console.run(main)

@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "spade_jax"
 # strictly lower floors (or from its own package).
 FLOORS = {
     "registry": 0,
-    "parallel": 1, "sandbox": 1, "metrics": 1, "checkpoint": 1,
+    "parallel": 1, "sandbox": 1, "metrics": 1, "checkpoint": 1, "console": 1,
     "models": 2, "envs": 2,
     "sampling": 3, "rl": 3, "designer": 3,
     "eval": 4,

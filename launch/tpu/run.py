@@ -28,6 +28,8 @@ import time
 from absl import app
 from absl import flags
 
+from spade_jax import console
+
 _NAME = flags.DEFINE_string("name", None, "TPU VM (and queued resource) name.")
 _ZONE = flags.DEFINE_string("zone", None, "GCP zone, e.g. us-east5-a.")
 _PROJECT = flags.DEFINE_string("project", None, "GCP project (default: gcloud's).")
@@ -146,4 +148,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  console.run(main)

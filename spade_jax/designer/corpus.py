@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
+from spade_jax import console
 from spade_jax.registry import names
 
 SOURCES = names("embedded", "tfds", "seqio", "jsonl", "text", kind="corpus source",
@@ -263,8 +264,9 @@ class Corpus:
     c = self.config
     if c.source == "embedded":
       from spade_jax.designer import stdlib_docs  # pylint: disable=g-import-not-at-top
-      builder = stdlib_docs.build(self._data_dir) if self._data_dir else stdlib_docs.build(
-          os.path.expanduser("~/tensorflow_datasets"))
+      with console.hushed():  # tfds announces a download and draws progress bars
+        builder = stdlib_docs.build(self._data_dir or os.path.expanduser(
+            "~/tensorflow_datasets"))
       return _TfdsRandomAccess(builder.as_data_source(split=c.split), "text", "id",
                                "spade_stdlib_docs")
     if c.source == "tfds":
@@ -288,7 +290,8 @@ class Corpus:
             f"tfds dataset {c.name!r} is not prepared under data_dir={self._data_dir!r}. "
             f"Prepare it with `tfds build {c.name} --data_dir=<dir>` or set "
             "CorpusConfig.download=True (needs network).")
-      builder.download_and_prepare()
+      with console.hushed():
+        builder.download_and_prepare()
     try:
       return _TfdsRandomAccess(builder.as_data_source(split=c.split), c.text_key, c.id_key,
                                c.name)

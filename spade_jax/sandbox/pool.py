@@ -169,8 +169,8 @@ class EnvPool:
         self.supply.adopt(isolation.plan_isolation(weaker))
         self.report = isolation.self_test(self, self.supply.base)
       missing = [k for k, v in self.report.layers.items() if not v]
-      log = _log.warning if missing else _log.info
-      log("Sandbox isolation: %s; workers: %s", self.report.summary(), self.fork_server_note)
+      _log.info("Sandbox isolation: %s; workers: %s", self.report.summary(),
+                self.fork_server_note)
       if missing:
         _log.warning("SANDBOX IS WEAKER THAN DESIGNED: missing layers %s. %s", missing,
                      " ".join(self.plan.notes))

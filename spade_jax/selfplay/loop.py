@@ -19,6 +19,7 @@ from absl import logging
 from etils import epath
 import jax
 
+from spade_jax import console
 from spade_jax import eval as eval_lib
 from spade_jax import sandbox
 from spade_jax.checkpoint import Checkpointer
@@ -95,8 +96,8 @@ def evaluate_policy(sp, cfg: eval_lib.EvalConfig, pool) -> dict[str, float]:
 
 
 def _say(msg: str, *args) -> None:
-  """A line for the person running the job (stdout) and the log."""
-  logging.info(msg, *args)
+  """A line for the person running the job, on stdout, once: not also logged, which
+  would show it twice on a console where INFO logs go to stderr."""
   print(msg % args, flush=True)
 
 
@@ -169,7 +170,8 @@ def train(config, workdir: str) -> dict[str, float]:
       sp.restore_host_state(host)
       start = int(host["next_iteration"])
       _say("resumed from %s at iteration %d of %d", ckpt.directory, start, c.iterations)
-    writer = MetricsWriter(workdir, resume_step=start)
+    with console.hushed():  # TensorBoard's writer imports TensorFlow, which chatters
+      writer = MetricsWriter(workdir, resume_step=start)
     if start >= c.iterations:
       _say("Nothing to do: %d of %d iterations already done in %s. Raise "
            "--config.iterations to continue.", start, c.iterations, workdir)

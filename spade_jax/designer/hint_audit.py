@@ -21,6 +21,7 @@ import re
 from collections.abc import Sequence
 
 from spade_jax.designer.hints import hint_leaks
+from spade_jax.sandbox.worker import actions
 
 _UNITS = ("zero one two three four five six seven eight nine ten eleven twelve thirteen "
           "fourteen fifteen sixteen seventeen eighteen nineteen").split()
@@ -30,7 +31,6 @@ _SCALES = {"hundred": 100, "thousand": 1_000, "million": 1_000_000,
 _VALUE = {**{w: i for i, w in enumerate(_UNITS)}, **{w: 20 + 10 * i for i, w in enumerate(_TENS)}}
 _ALPHA = re.compile(r"[A-Za-z]+")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w]|\.\d)")
-_BOXED = re.compile(r"\\boxed\{(.*)\}", re.DOTALL)
 KINDS = ("literal", "answer", "sequence")
 
 
@@ -113,9 +113,9 @@ def words_to_digits(text: str) -> str:
 def normalise_action(action: str) -> str:
   """An action without ``\\boxed{}``, case and extra whitespace."""
   a = str(action).strip()
-  m = _BOXED.fullmatch(a)
-  if m:
-    a = m.group(1)
+  inner = actions.last_boxed(a)
+  if inner is not None and a == "\\boxed{" + inner + "}":  # the whole action is one box
+    a = inner
   return re.sub(r"\s+", " ", a.strip().strip("'\"").lower())
 
 

@@ -76,7 +76,7 @@ def cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def built(cache):
   """The smoke warm start: one step, then resumed to two (the cache's build)."""
-  first = warm_start.build("steps=1", smoke=True, designs=0)
+  first = warm_start.build("steps=1", smoke=True, measure=False)
   second = warm_start.build("", smoke=True)
   return first, second
 
@@ -84,7 +84,7 @@ def built(cache):
 def test_warm_start_builds_resumes_and_refuses_another_config(built, tmp_path):
   first, second = built
   out = common.warm_start_dir(smoke=True)
-  assert first["steps"] == 1 and second["steps"] == 2
+  assert first["steps"] == 1 and second["steps"] == 2 and first["levels"] is None
   assert second["sha256"] == common.weights_digest(os.path.join(out, "hf")) != first["sha256"]
   with open(os.path.join(out, "metrics.jsonl")) as f:
     assert [json.loads(line)["step"] for line in f] == [1, 2]
@@ -96,7 +96,7 @@ def test_warm_start_builds_resumes_and_refuses_another_config(built, tmp_path):
   # Read back, not rebuilt.
   assert warm_start.build("", smoke=True) == second
   # Resuming gives the weights of an uninterrupted build (same batches, same state).
-  fresh = warm_start.build("", out=str(tmp_path / "fresh"), smoke=True, designs=0)
+  fresh = warm_start.build("", out=str(tmp_path / "fresh"), smoke=True, measure=False)
   assert fresh["sha256"] == second["sha256"]
   with pytest.raises(ValueError, match="different config"):
     warm_start.build("sft_lr=0.001", smoke=True)

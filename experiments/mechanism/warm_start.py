@@ -170,7 +170,7 @@ def export(params, run, out: str) -> str:
 
 
 def build(arg: str = "", out: str = "", smoke: bool = False, seeds: int = 0,
-          designs: int = -1, results: str | None = None) -> dict:
+          designs: int = -1, results: str | None = None, measure: bool = True) -> dict:
   """Builds (or resumes, or only reads back) the warm start; returns its record.
 
   Args:
@@ -179,6 +179,7 @@ def build(arg: str = "", out: str = "", smoke: bool = False, seeds: int = 0,
     smoke: the tiny random model's two-step build.
     seeds, designs: the starting-level measurement's size (default the config's).
     results: where `warm_start.json` is copied (default `results/`, none for smoke).
+    measure: measure the starting levels (False: the record's "levels" is None).
   """
   arg = ",".join(a for a in ("arm=warm_start", arg, "smoke" if smoke else "") if a)
   config = configs.get_config(arg)
@@ -206,6 +207,9 @@ def build(arg: str = "", out: str = "", smoke: bool = False, seeds: int = 0,
   if restored is not None:
     state, _, host = restored
     start = int(host["next_step"])
+    if start > c.iterations:
+      raise ValueError(f"{out} already trained {start} steps, more than the {c.iterations} "
+                       "asked for; ask for at least as many, or build in another --out.")
     _log(f"resumed at step {start} of {c.iterations}")
   else:
     state, start = run.initial_state(), 0
@@ -225,8 +229,10 @@ def build(arg: str = "", out: str = "", smoke: bool = False, seeds: int = 0,
   writer.close()
   ckpt.close()
   hf = export(state.params, run, out)
-  measured = levels(state.params, run, sft, seeds=seeds or sft["agent_eval_seeds"],
-                    designs=sft["designer_eval"] if designs < 0 else designs)
+  measured = None
+  if measure:
+    measured = levels(state.params, run, sft, seeds=seeds or sft["agent_eval_seeds"],
+                      designs=sft["designer_eval"] if designs < 0 else designs)
   losses = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
   record = {"sha256": common.weights_digest(hf), "hf": hf, "base": c.init_from,
             "steps": c.iterations, "rows": {"total": len(train_rows), **dict(
@@ -239,7 +245,8 @@ def build(arg: str = "", out: str = "", smoke: bool = False, seeds: int = 0,
     results = common.RESULTS
   if results:
     _write(os.path.join(results, "warm_start.json"), record)
-  _log(f"warm start {record['sha256'][:12]} in {hf}: {measured['agent']}")
+  _log(f"warm start {record['sha256'][:12]} in {hf}: "
+       f"{measured['agent'] if measured else 'not measured'}")
   return record
 
 

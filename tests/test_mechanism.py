@@ -42,6 +42,8 @@ def test_arm_configs_differ_only_where_the_arm_says():
     configs.get_config("arm=nope")
   with pytest.raises(ValueError, match="Unknown config argument"):
     configs.get_config("arm=spade,nope=1")
+  with pytest.raises(ValueError, match="Unknown arm"):  # before any warm start is built
+    run.run_all(["spade", "warm_start"], [0])
 
 
 def test_static_pool_holds_every_seen_family_at_every_level():

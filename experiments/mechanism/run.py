@@ -36,6 +36,8 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
   ``root``: where the run directories live (default the cache's runs/); ``results``: where
   the JSON goes (default `results/`, the run directory for smoke).
   """
+  if arm not in common.ARMS:
+    raise ValueError(f"Unknown arm {arm!r}; expected one of {list(common.ARMS)}.")
   ws_args = ",".join(a for a in args.split(",") if a.split("=")[0] in WARM_START_ARGS)
   ws = warm_start.build(ws_args, smoke=smoke)  # read back when already built
   config = configs.get_config(",".join(a for a in (f"arm={arm}", f"seed={seed}", args,
@@ -68,9 +70,10 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
 
 
 def run_all(arms, seeds, **kw) -> list[str]:
-  """Every arm x seed, seed by seed."""
-  for arm in arms:
-    configs.common.choose("arm", arm, {a: 0 for a in common.ARMS})
+  """Every arm x seed, seed by seed (every arm name checked first)."""
+  bad = [a for a in arms if a not in common.ARMS]
+  if bad:
+    raise ValueError(f"Unknown arm(s) {bad}; expected some of {list(common.ARMS)}.")
   return [run(arm, int(seed), **kw) for seed in seeds for arm in arms]
 
 

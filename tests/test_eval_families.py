@@ -83,7 +83,9 @@ def test_a_wrong_answer_solves_nothing(chat, pool):
                 seeds=2, samples=2)
   assert result.scores == {"held_out/success": 0.0, "harder/success": 0.0,
                            f"success/{HELD_OUT}/0": 0.0, f"success/{HELD_OUT}/1": 0.0,
-                           "success/guess_number/3": 0.0, "failed": 0.0}
+                           "success/guess_number/3": 0.0, "failed": 0.0,
+                           "held_out/pass@k": 0.0, f"pass@k/{HELD_OUT}/0": 0.0,
+                           f"pass@k/{HELD_OUT}/1": 0.0, "pass@k/guess_number/3": 0.0}
   assert len(result.records) == 3 * 2 * 2
   assert [(r["family"], r["level"], r["seed"], r["sample"]) for r in result.records[:5]] == [
       (HELD_OUT, 0, 10_000, 0), (HELD_OUT, 0, 10_000, 1), (HELD_OUT, 0, 10_001, 0),
@@ -93,6 +95,19 @@ def test_a_wrong_answer_solves_nothing(chat, pool):
     turns = fam.max_turns(**fam.levels(r["level"]))
     assert r["outcome"] == "terminated" and not r["solved"] and r["reward"] == 0.0, r
     assert r["turns"] == turns and r["actions"] == [WRONG] * turns, r
+
+
+def test_pass_at_k_and_greedy_count_seeds(chat, pool):
+  """pass@k counts a seed won by any of its samples; greedy adds one play per seed."""
+  result = _run(chat, pool, _solver, families="guess_number:3", seeds=2, samples=2,
+                greedy=True, temperature=0.6)
+  assert result.scores["pass@k/guess_number/3"] == 1.0
+  assert result.scores["greedy/guess_number/3"] == 1.0
+  assert "held_out/greedy" not in result.scores
+  assert [r["greedy"] for r in result.records] == [False] * 4 + [True] * 2
+  assert [r["seed"] for r in result.records if r["greedy"]] == [10_000, 10_001]
+  wrong = _run(chat, pool, lambda text: WRONG, families=f"{HELD_OUT}:0", seeds=1, greedy=True)
+  assert wrong.scores["held_out/greedy"] == 0.0 and "held_out/pass@k" not in wrong.scores
 
 
 def test_a_policy_that_reads_the_transcript_solves_its_families(chat, pool):

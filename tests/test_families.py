@@ -255,3 +255,24 @@ def test_family_levels():
       fam.levels(bad)
   with pytest.raises(ValueError, match="expected one of"):
     fam.levels("extreme")
+
+
+def test_held_out_family_speaks_the_seen_families_vocabulary(pool):
+  """The held-out family answers with names the seen ``ordering`` family uses, its sums are
+  ``arithmetic_chain``-sized, and a plan-following player wins it at every level."""
+  assert HELD_OUT == "coin_ledger"
+  assert "knights_knaves" in seen_families()
+  fam, ordering = FAMILIES[HELD_OUT], FAMILIES["ordering"]
+  names = set(re.search(r"NAMES = (\(.*?\))", ordering.program_at(HARDEST)).group(1)
+              .replace("'", "").strip("()").replace(" ", "").split(","))
+  largest_operand = FAMILIES["arithmetic_chain"].levels(HARDEST)["MAX_OPERAND"]
+  for level in range(NUM_LEVELS):
+    assert fam.levels(level)["MAX_AMOUNT"] <= largest_operand
+    handles = _start(pool, fam, level, range(4))
+    try:
+      for plan in pool.call_many(handles, "solution"):
+        assert plan.ok and set(plan.value) <= names, (level, plan.value)
+        assert len(plan.value) == fam.levels(level)["PEOPLE"]
+    finally:
+      pool.release(handles)
+    assert all(noisy_play(pool, fam, fam.levels(level), range(4), p=0.0)), level

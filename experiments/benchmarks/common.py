@@ -9,7 +9,7 @@ from absl import app
 SIZES = {
     "tiny": dict(vocab_size=512, d_model=256, num_layers=4, num_heads=8, num_kv_heads=4,
                  head_dim=32, mlp_dim=768),
-    # The mechanism experiment's model (experiments/mechanism), ~10.6M parameters.
+    # The first mechanism experiment's model (experiments/mechanism/results/first), ~10.6M.
     "mechanism": dict(vocab_size=6144, d_model=320, num_layers=8, num_heads=5, num_kv_heads=1,
                       head_dim=64, mlp_dim=864),
     "50m": dict(vocab_size=32768, d_model=512, num_layers=8, num_heads=8, num_kv_heads=4,

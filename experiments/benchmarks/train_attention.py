@@ -16,7 +16,7 @@ medians (ms) and the ratio matmul / blocked (> 1: blocked is faster).
 Layouts: "packed" fills each row first-fit with segments of 150-1,200 tokens
 (as `rl.build_batches` packs designer and agent sequences) and leaves the
 rest padding; "one" is one segment over the whole row (causal only).
-Models: "mechanism" is `experiments/mechanism`'s ~10M model, "tiny" the
+Models: "mechanism" is the first mechanism experiment's ~10M model, "tiny" the
 library's `tiny` preset, "50m" the sampler benchmarks' 50M size.
 """
 
@@ -40,9 +40,10 @@ KERNELS = ("matmul", "blocked")
 
 def _config(name: str):
   from spade_jax.models import ModelConfig, get_preset  # pylint: disable=g-import-not-at-top
-  if name == "mechanism":
-    from experiments.mechanism.common import MODEL  # pylint: disable=g-import-not-at-top
-    return ModelConfig(**MODEL)
+  if name == "mechanism":  # the first mechanism experiment's model, tied embeddings
+    from experiments.benchmarks.common import SIZES  # pylint: disable=g-import-not-at-top
+    return ModelConfig(**SIZES["mechanism"], tie_embeddings=True,
+                       max_position_embeddings=4096)
   if name == "tiny":
     return get_preset("tiny")
   if name == "50m":

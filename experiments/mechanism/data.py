@@ -22,8 +22,9 @@ Only the generated side of a row (the program, the agent's turns) is trained
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import random
-import re
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -197,129 +198,24 @@ def _play(pool, chat, system, plays, rng, p, p_hinted, max_turns, worked) -> lis
   return rows
 
 
-def copy_examples(vocab, n: int, seed: int, *, min_len: int = 8,
-                  max_len: int = 60) -> list[Example]:
-  """``n`` copy rows: a random text, then the same text again, only the repeat trained.
-
-  Half the texts are lists of random numbers (0-999), half random lower-case words; each
-  has ``min_len``-``max_len`` items. Predicting the repeat needs in-context copying (an
-  "induction" circuit), which the agent's turns need too (an operand from the
-  observation, a result from the worked step) but whose signal in transcripts is sparse.
-  """
-  rng = random.Random(f"copy:{seed}")
-  letters = "abcdefghijklmnopqrstuvwxyz"
-  out = []
-  for i in range(n):
-    k = rng.randint(min_len, max_len)
-    if i % 2 == 0:
-      text = " ".join(str(rng.randrange(1000)) for _ in range(k))
-    else:
-      text = " ".join("".join(rng.choice(letters) for _ in range(rng.randint(1, 6)))
-                      for _ in range(k))
-    first = vocab.encode(text + "\n")
-    again = vocab.encode(text) + [vocab.eos_id]
-    out.append(Example(first + again, [False] * len(first) + [True] * len(again), AGENT,
-                       {"family": "copy"}))
-  return out
+def save(examples: Sequence[Example], path: str) -> str:
+  """Writes ``examples`` as JSON lines, atomically (a temporary file renamed into place)."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w") as f:
+    for e in examples:
+      f.write(json.dumps({"tokens": e.tokens, "mask": [int(m) for m in e.mask],
+                          "role": e.role, "meta": e.meta}) + "\n")
+  os.replace(tmp, path)
+  return path
 
 
-def arithmetic_examples(vocab, n: int, seed: int, *, lines: int = 32) -> list[Example]:
-  """``n`` drill rows of ``lines`` worked equations each, ``a + b = c``, ``a - b = c`` or
-  ``a * b = c``, in the text of ``arithmetic_chain``'s worked step; only each result (and its
-  newline) is trained.
-
-  The left operands are the running values of random chains drawn as the family draws them
-  (start 2-20; at a random difficulty level, adds and subtracts up to ``MAX_OPERAND`` and,
-  where the level allows, multiplies by 2 or 3), so the drill covers the values an episode
-  meets, negative ones included. The arithmetic a transcript holds is a few result tokens per
-  turn; the drill gives the same sums densely, as pretraining gives a language model its
-  arithmetic.
-  """
-  knobs = {k.name: k.levels for k in FAMILIES["arithmetic_chain"].knobs}
-  rng = random.Random(f"arithmetic:{seed}")
-  out = []
-  for _ in range(n):
-    ex = Example([], [], AGENT, {"family": "arithmetic"})
-    value, left = 0, 0
-    for _ in range(lines):
-      if left == 0:  # a new chain at a random level
-        level = rng.randrange(len(knobs["NUM_OPS"]))
-        value, left = rng.randint(2, 20), knobs["NUM_OPS"][level]
-        kinds = ["+", "-"] + (["*"] if knobs["MULTIPLY"][level] else [])
-        top = knobs["MAX_OPERAND"][level]
-      sign = rng.choice(kinds)
-      operand = rng.randint(2, 3) if sign == "*" else rng.randint(2, top)
-      result = {"+": value + operand, "-": value - operand, "*": value * operand}[sign]
-      _add(ex, vocab.encode(f"{value} {sign} {operand} ="), False)
-      _add(ex, vocab.encode(f" {result}\n"), True)
-      value, left = result, left - 1
-    _add(ex, [vocab.eos_id], True)
-    out.append(ex)
-  return out
-
-
-# One binary equation of a worked step, "a op b = c", standing alone in its step: at the
-# start or after ", " or ": " (so "a - 2 * b = k" gives none, "2 * a = c" one).
-_EQUATION = re.compile(r"(?:^|, |: )(-?\d+) ([-+*/]) (-?\d+) = (-?\d+)(?=,|$)")
-
-
-def _calc(a: int, op: str, b: int) -> int | None:
-  """``a op b`` as the families' worked steps compute it ("/" is floor division)."""
-  if op == "/":
-    return a // b if b else None
-  return {"+": a + b, "-": a - b, "*": a * b}[op]
-
-
-def equations(rows: Sequence[Example]) -> dict[tuple[str, str], tuple[list[int], list[int]]]:
-  """{(family, op): (left operands, right operands)} of every binary equation, with a right
-  result, in the worked steps of ``rows`` (agent rows built with ``worked=True``)."""
-  out: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-  for r in rows:
-    for w in r.meta.get("works", ()):
-      for a, op, b, c in _EQUATION.findall(w):
-        if _calc(int(a), op, int(b)) == int(c):
-          left, right = out.setdefault((r.meta["family"], op), ([], []))
-          left.append(int(a))
-          right.append(int(b))
-  return out
-
-
-def equation_examples(vocab, rows: Sequence[Example], n: int, seed: int, *,
-                      lines: int = 32) -> list[Example]:
-  """``n`` drill rows of ``lines`` fresh equations each, drawn from the worked steps of the
-  agent ``rows`` (scripted transcripts built with ``worked=True``; ``meta["works"]``).
-
-  The generalisation of :func:`arithmetic_examples` to every worked family: a family and
-  operator are drawn as often as the steps use them, the operands independently from the
-  left and right operands that family's steps hold for that operator, so the lines cover
-  each family's ranges (and combinations its transcripts never hold); ``a / b`` is floor
-  division, as in ``guess_number``'s halving. Only each result (and its newline) is
-  trained. Worked steps with no binary equation (``grid_path``'s positions,
-  ``base_convert``'s ``r = d * p + s``) add nothing.
-  """
-  ops = equations(rows)
-  if not ops:
-    raise ValueError("no worked step holds an equation like '19 + 7 = 26'; build the agent "
-                     "rows with --worked, over families that have worked steps")
-  keys = sorted(ops)
-  weights = [len(ops[k][0]) for k in keys]
-  rng = random.Random(f"equations:{seed}")
-  out = []
-  for _ in range(n):
-    ex = Example([], [], AGENT, {"family": "equations"})
-    for _ in range(lines):
-      key = rng.choices(keys, weights)[0]
-      left, right = ops[key]
-      a, b = rng.choice(left), rng.choice(right)
-      c = _calc(a, key[1], b)
-      while c is None:  # a zero divisor
-        b = rng.choice(right)
-        c = _calc(a, key[1], b)
-      _add(ex, vocab.encode(f"{a} {key[1]} {b} ="), False)
-      _add(ex, vocab.encode(f" {c}\n"), True)
-    _add(ex, [vocab.eos_id], True)
-    out.append(ex)
-  return out
+def load(path: str) -> list[Example]:
+  """The examples :func:`save` wrote."""
+  with open(path) as f:
+    rows = [json.loads(line) for line in f]
+  return [Example(r["tokens"], [bool(m) for m in r["mask"]], r["role"], r["meta"])
+          for r in rows]
 
 
 def _add(ex: Example, ids: Sequence[int], mask: bool) -> None:

@@ -17,9 +17,12 @@ ends with the failure as outcome.
 
 Scores: ``held_out/success`` (the held-out family's plays), ``harder/success`` (seen
 families at levels >= 3, "hard" and "hardest"), ``success/<family>/<level>`` per item,
-and ``failed`` (plays the sandbox ended: the env's fault, not the policy's). Records: one
-per play (family, level, seed, sample, outcome, solved, turns, max_turns, reward,
-tokens, actions).
+and ``failed`` (plays the sandbox ended: the env's fault, not the policy's). With
+``samples`` > 1 also ``pass@k/<family>/<level>`` and ``held_out/pass@k`` (a seed counts
+when any of its ``samples`` plays wins); with ``greedy`` also one arg-max play per seed,
+scored as ``greedy/<family>/<level>`` and ``held_out/greedy``. Records: one per play
+(family, level, seed, sample, greedy, outcome, solved, turns, max_turns, reward, tokens,
+actions).
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ class FamiliesConfig(SuiteConfig):
     first_seed: the first reset seed (fixed, so every evaluation plays the same games).
     max_len: transcript tokens at most; a play that needs more ends unsolved ("context").
     concurrency: env instances (sandbox workers) alive at once; plays run in waves of it.
+    greedy: also play each seed once at temperature 0 (scores ``greedy/...``).
   """
 
   max_new_tokens: int = 48
@@ -128,6 +132,7 @@ class FamiliesConfig(SuiteConfig):
   first_seed: int = 10_000
   max_len: int = 4096
   concurrency: int = 128
+  greedy: bool = False
 
   def __post_init__(self):
     super().__post_init__()
@@ -311,13 +316,15 @@ def run_families(policy, chat, cfg: FamiliesConfig, *, pool=None, progress=None
   pool = sandbox.EnvPool(sandbox.SandboxConfig()) if own else pool
   try:
     plays = play(policy, chat, cfg, pool, progress)
+    greedy = (play(policy, chat, dataclasses.replace(cfg, samples=1, temperature=0.0), pool)
+              if cfg.greedy else [])
   finally:
     if own:
       pool.close()
-  failed = [p for p in plays if p.outcome in sandbox.FAILURES]
+  failed = [p for p in plays + greedy if p.outcome in sandbox.FAILURES]
   if failed:
     logging.warning("eval families: the sandbox ended %d of %d plays (%s); they count as "
-                    "unsolved.", len(failed), len(plays),
+                    "unsolved.", len(failed), len(plays) + len(greedy),
                     sorted({p.outcome for p in failed}))
   per_item: dict[tuple[str, int], list[float]] = {}
   for p in plays:
@@ -332,10 +339,37 @@ def run_families(policy, chat, cfg: FamiliesConfig, *, pool=None, progress=None
     scores["harder/success"] = mean(harder)
   for (family, level), vs in per_item.items():
     scores[f"success/{family}/{level}"] = mean(vs)
-  scores["failed"] = mean([float(p.outcome in sandbox.FAILURES) for p in plays])
+  if cfg.samples > 1:
+    _add_rate(scores, "pass@k", _pass_at_k(plays))
+  if greedy:
+    _add_rate(scores, "greedy", {(p.family, p.level, p.seed): float(p.solved)
+                                 for p in greedy})
+  scores["failed"] = mean([float(p.outcome in sandbox.FAILURES) for p in plays + greedy])
   records = [{"family": p.family, "level": p.level, "seed": p.seed, "sample": p.sample,
-              "outcome": p.outcome, "solved": p.solved, "turns": p.turns,
+              "greedy": g, "outcome": p.outcome, "solved": p.solved, "turns": p.turns,
               "max_turns": p.max_turns,
               "reward": p.reward, "tokens": len(p.tokens), "actions": p.actions}
-             for p in plays]
+             for g, ps in ((False, plays), (True, greedy)) for p in ps]
   return SuiteResult(scores, records)
+
+
+def _pass_at_k(plays: Sequence[Play]) -> dict[tuple[str, int, int], float]:
+  """(family, level, seed) -> 1.0 when any play of that seed was solved."""
+  out: dict[tuple[str, int, int], float] = {}
+  for p in plays:
+    key = (p.family, p.level, p.seed)
+    out[key] = max(out.get(key, 0.0), float(p.solved))
+  return out
+
+
+def _add_rate(scores: dict[str, float], name: str,
+              per_seed: dict[tuple[str, int, int], float]) -> None:
+  """``<name>/<family>/<level>`` per item and ``held_out/<name>`` from per-seed wins."""
+  per_item: dict[tuple[str, int], list[float]] = {}
+  for (family, level, _), v in per_seed.items():
+    per_item.setdefault((family, level), []).append(v)
+  held = [v for (f, _), vs in per_item.items() if f == HELD_OUT for v in vs]
+  if held:
+    scores[f"held_out/{name}"] = mean(held)
+  for (family, level), vs in per_item.items():
+    scores[f"{name}/{family}/{level}"] = mean(vs)

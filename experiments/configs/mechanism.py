@@ -1,0 +1,145 @@
+r"""The mechanism experiment: does regret-driven design help a pretrained model?
+
+  python -m experiments.mechanism.run [--arms=spade,static --seeds=0,1,2]   # everything
+  python -m launch.train --config=experiments/configs/mechanism.py:arm=spade,seed=0 \
+      --workdir=$SPADE_JAX_CACHE/mechanism/runs/spade-0                  # one arm by hand
+
+Arguments (`get_config("arm=spade,seed=0[,iterations=..,eval_every=..,smoke]")`):
+  arm: one of the four arms, each from the same warm start with the same agent budget
+    (`envs` x (`plays` unhinted + `hinted` hinted) plays an iteration, `iterations`):
+    `spade` (the designer writes the programs and trains on the blend reward, the paper),
+    `static` (a fixed pool of every seen family at every level; only the agent trains),
+    `solve_rate` (the designer rewarded by the agent's solve rate), `frozen_designer` (the
+    designer writes but never trains); or `warm_start`, the SFT run that makes that start
+    from SmolLM2-135M-Instruct (`experiments/mechanism/warm_start.py` runs it: `steps`,
+    `designer_rows`, `agent_rows`).
+  seed: the run's seed.
+  iterations, eval_every: the run's length and how often the `families` suite plays
+    (also at the start), on fixed seeds: the seen families at the designers' level and
+    at a harder one, the held-out family at three levels; `eval_samples` plays at T 0.6
+    per seed (success and pass@k) and one greedy play.
+  warm_start: the warm start's HF directory (default: the cache's,
+    `$SPADE_JAX_CACHE/mechanism/warm_start/hf`).
+  smoke: a tiny random model (`experiments/configs/common.tiny_hf_checkpoint`) instead of
+    SmolLM2, one iteration, two envs, a one-item evaluation (the test suite runs it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import ml_collections
+
+from experiments.configs import common
+from experiments.mechanism import common as mech
+from spade_jax.envs.families import FAMILIES, NUM_LEVELS
+
+ARGS = dict(arm="spade", seed=0, iterations=20, eval_every=5, envs=4, plays=4, hinted=2,
+            lr=1e-5, eval_seeds=4, eval_samples=4, warm_start="", steps=240,
+            designer_rows=480, agent_rows=960, sft_lr=3e-5, smoke=False)
+ROLES = ("warm_start",) + mech.ARMS
+
+
+def eval_items(smoke: bool = False) -> str:
+  """The `families` suite's items: seen families at the designers' level and a harder one,
+  the held-out family at three levels."""
+  if smoke:
+    return f"{mech.HELD_OUT}:0"
+  seen = ",".join(f"{n}:{mech.DESIGNER_LEVEL},{n}:{mech.HARDER_LEVEL}" for n in mech.seen())
+  return f"{seen},{mech.HELD_OUT}:0,{mech.HELD_OUT}:2,{mech.HELD_OUT}:4"
+
+
+def starting_items() -> str:
+  """The warm start's measured levels: the seen families at the designers' level, the
+  held-out family at three levels."""
+  return ",".join([f"{n}:{mech.DESIGNER_LEVEL}" for n in mech.seen()] +
+                  [f"{mech.HELD_OUT}:{lv}" for lv in (0, 2, 4)])
+
+
+def static_pool_path() -> str:
+  """The static arm's pool (JSONL in the cache): every seen family at every level."""
+  rows = [{"id": f"{n}:{lv}", "program": FAMILIES[n].program_at(lv)}
+          for n in mech.seen() for lv in range(NUM_LEVELS)]
+  return common.write_once(os.path.join(mech.cache_dir(), "static_pool.jsonl"),
+                           "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  a = common.parse_arg(arg, **ARGS)
+  common.choose("arm", a.arm, {r: 0 for r in ROLES})
+  if a.arm == "warm_start":
+    start = common.tiny_hf_checkpoint() if a.smoke else mech.BASE
+    start = start if start.startswith("gguf:") else "hf:" + start
+  else:
+    hf = a.warm_start or os.path.join(mech.warm_start_dir(a.smoke), "hf")
+    start = "hf:" + hf
+  c = ml_collections.ConfigDict()
+  c.seed = a.seed
+  c.iterations = a.steps if a.arm == "warm_start" else a.iterations
+  c.checkpoint_every = 20 if a.arm == "warm_start" else 1
+  c.keep_checkpoints = 2
+  c.tokenizer = ""  # the checkpoint's
+  c.model = dict(init_from=start, param_dtype="float32", compute_dtype="float32",
+                 remat="full")
+  c.mesh = dict(data=1, fsdp=-1, tensor=1, expert=1, rules="fsdp")
+  # A designer row: a 2,048-token prompt and a program of up to 1,536 tokens.
+  c.train = dict(batch_size=8, seq_len=3584, num_microbatches=4, logprob_chunk=256,
+                 old_logps="recompute", objective="grpo")
+  c.loss = dict(common.LOSS, kl_coef=0.0)
+  c.optimizer = dict(common.OPTIMIZER, learning_rate=a.lr)
+  c.sampling = dict(common.SAMPLING)
+  c.designer_sampling = dict(common.SAMPLING)
+  c.hint_sampling = dict(common.HINT_SAMPLING)
+  skills = mech.skills()
+  c.selfplay = dict(
+      setting=mech.SETTING, skills=skills, num_envs=a.envs, plays=a.plays,
+      hinted_plays=a.hinted, max_turns=mech.MAX_TURNS,
+      agent_turn_tokens=mech.AGENT_TURN_TOKENS,
+      designer_new_tokens=mech.DESIGNER_NEW_TOKENS,
+      designer_prompt_tokens=mech.DESIGNER_PROMPT_TOKENS, skills_per_regen=a.envs,
+      designer_resamples=1, regen_every=1, hint_source="program", fill_from_pool=True,
+      designer_thinking=False, agent_thinking=False)
+  c.rewards = dict(variant="blend", credit_window=1, invalid_penalty=-1.0)
+  c.corpus = dict(source="embedded", max_words=400)
+  c.memory = dict(capacity=200, num_exemplars=1, negatives=False)
+  c.sandbox = dict(num_workers=4)
+  c.validation = dict(random_episodes=2, random_steps=3)
+  c.static_pool = dict(path="", key="", validate=True)
+  c.eval = dict(common.EVAL, suites="families", every=a.eval_every, at_start=True)
+  c.eval.overrides = dict(families=dict(
+      families=eval_items(a.smoke), seeds=a.eval_seeds, samples=a.eval_samples,
+      temperature=common.SAMPLING["temperature"], top_p=common.SAMPLING["top_p"],
+      top_k=common.SAMPLING["top_k"], greedy=True, max_new_tokens=mech.AGENT_TURN_TOKENS,
+      max_len=3072))
+  if a.arm == "static":
+    c.selfplay.env_source = "static_pool"
+    c.static_pool.path = static_pool_path()
+  elif a.arm == "solve_rate":
+    c.rewards.variant = "solve_rate"
+  elif a.arm == "frozen_designer":
+    c.selfplay.train_designer = False
+  elif a.arm == "warm_start":
+    c.train.objective = "sft"
+    c.loss = dict(aggregation="token_mean", kl_coef=0.0, entropy_coef=0.0)
+    c.optimizer = dict(common.OPTIMIZER, learning_rate=a.sft_lr, weight_decay=0.0)
+    # What the SFT rows are (not a run section: warm_start.py takes it off before the
+    # config reaches the library, and keeps it in the run's config.json).
+    c.sft = dict(designer_rows=a.designer_rows, agent_rows=a.agent_rows,
+                 agent_levels=(0, 1, 2, 2, 3, 4), slip=0.2, slip_hinted=0.1,
+                 hinted_frac=0.3, designer_eval=24, agent_eval_seeds=4,
+                 agent_eval_items=starting_items(),
+                 designer_prompt_tokens=mech.DESIGNER_PROMPT_TOKENS)
+  if a.smoke:
+    c.iterations = min(a.steps, 2) if a.arm == "warm_start" else 1
+    c.checkpoint_every = 1
+    c.train.update(batch_size=8, seq_len=4096, num_microbatches=1)  # 8 test devices
+    c.selfplay.update(num_envs=2, plays=2, hinted_plays=1, designer_new_tokens=32,
+                      skills_per_regen=2, max_turns=4)
+    c.sandbox.num_workers = 2
+    c.eval.every = 1
+    c.eval.overrides.families.update(seeds=1, samples=2, max_new_tokens=8, max_len=1024)
+    if a.arm == "warm_start":
+      c.sft.update(designer_rows=2, agent_rows=4, designer_eval=1, agent_eval_seeds=1,
+                   agent_eval_items=f"arithmetic_chain:2,{mech.HELD_OUT}:0")
+  return c

@@ -23,9 +23,13 @@ CONTRACT_NAMES = ("ALLOWED_IMPORTS", "MAX_SOURCE_BYTES", "MAX_PROGRAM_BYTES", "S
                   "TOOL_TASK_TYPES", "HINT_SOURCES")
 
 
-def _modules() -> dict[str, pathlib.Path]:
+TOPS = ("spade_jax", "experiments", "launch")
+"""The repository's Python trees: the library and the two that use it."""
+
+
+def _modules(tops: tuple[str, ...] = ("spade_jax",)) -> dict[str, pathlib.Path]:
   out = {}
-  for path in ROOT.rglob("*.py"):
+  for path in (p for top in tops for p in (ROOT.parent / top).rglob("*.py")):
     rel = path.relative_to(ROOT.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
@@ -45,18 +49,19 @@ def _import_nodes(tree: ast.AST):
 
 
 def _imports_of(source: str, name: str, is_pkg: bool, modules) -> set[str]:
-  """spade_jax modules that module ``name`` (source text ``source``) imports."""
+  """Modules of ``modules`` (the library's, or the repository's) that module ``name``
+  (source text ``source``) imports."""
   found = set()
   for node in _import_nodes(ast.parse(source)):
     if isinstance(node, ast.Import):
-      found |= {a.name for a in node.names if a.name.startswith("spade_jax")}
+      found |= {a.name for a in node.names if a.name.startswith(TOPS)}
     elif isinstance(node, ast.ImportFrom):
       if node.level:
         base = name.split(".")[:len(name.split(".")) - node.level + (1 if is_pkg else 0)]
         mod = ".".join(base + ([node.module] if node.module else []))
       else:
         mod = node.module or ""
-      if not mod.startswith("spade_jax"):
+      if not mod.startswith(TOPS):
         continue
       for a in node.names:  # `from pkg import submodule` imports the submodule
         found.add(f"{mod}.{a.name}" if f"{mod}.{a.name}" in modules else mod)
@@ -67,8 +72,8 @@ def _imports(path: pathlib.Path, name: str, modules) -> set[str]:
   return _imports_of(path.read_text(), name, path.name == "__init__.py", modules)
 
 
-def _graph():
-  modules = _modules()
+def _graph(tops: tuple[str, ...] = ("spade_jax",)):
+  modules = _modules(tops)
   return {name: _imports(path, name, modules) for name, path in modules.items()}
 
 
@@ -120,6 +125,27 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycles():
   cycles = _cycles(_graph())
   assert not cycles, cycles
+
+
+def test_no_import_cycles_in_the_repository():
+  """Experiments and launchers too: no circle, and the library never imports them."""
+  graph = _graph(TOPS)
+  assert any(n.startswith("experiments.") for n in graph), "experiments/ not scanned"
+  assert any(n.startswith("launch.") for n in graph), "launch/ not scanned"
+  cycles = _cycles(graph)
+  assert not cycles, cycles
+  upward = sorted(f"{src} -> {dst}" for src, dsts in graph.items() if src.startswith("spade_jax")
+                  for dst in dsts if not dst.startswith("spade_jax"))
+  assert not upward, upward
+
+
+def test_repository_cycle_check_sees_a_circle():
+  """The check itself: two experiment modules importing each other form a cycle."""
+  a, b = "experiments.x.a", "experiments.x.b"
+  modules = {a: None, b: None}
+  graph = {a: _imports_of("from experiments.x import b\n", a, False, modules),
+           b: _imports_of("import experiments.x.a\n", b, False, modules)}
+  assert _cycles(graph) == [[a, b, a]]
 
 
 ATTENTION, CONFIG = "spade_jax.models.attention", "spade_jax.models.config"

@@ -147,8 +147,6 @@ ALLOWED = {
     # An env program in the reference's style, which parses its own actions (the sandbox
     # hands such programs the raw turn).
     "tests/fixtures/programs/reference_style.py": "env program parsing its own action",
-    # Finds the token span of the answer for a diagnosis plot, not the answer.
-    "experiments/mechanism/diagnose.py": "token span of the boxed answer",
 }
 # Env program texts under envs/programs that parse their own actions:
 # none today; a new one must be named here.

@@ -446,7 +446,8 @@ def test_drop_rejects_a_program_and_skips_a_document(tmp_path, index, pool):
   from spade_jax import envs  # pylint: disable=g-import-not-at-top
   from spade_jax.eval import bfcl  # pylint: disable=g-import-not-at-top
   from spade_jax.selfplay.stages.design import Design  # pylint: disable=g-import-not-at-top
-  from spade_jax.selfplay.state import DesignSample, HostState  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay import state  # pylint: disable=g-import-not-at-top
+  DesignSample, HostState = state.DesignSample, state.HostState
   cfg, roles = _rooms()
   entry = bfcl.load_entries("base")[7]
   turns = [m["content"] for turn in entry["question"] for m in turn if m["role"] == "user"]
@@ -511,7 +512,8 @@ def test_drop_removes_a_hint_and_leaves_a_play_out_of_the_gradient(index, pool):
   from spade_jax.selfplay.buffer import RegretBuffer  # pylint: disable=g-import-not-at-top
   from spade_jax.selfplay.stages.hints import episode_hints  # pylint: disable=g-import-not-at-top
   from spade_jax.selfplay.stages.play import Play  # pylint: disable=g-import-not-at-top
-  from spade_jax.selfplay.state import DesignSample, HostState, Slot  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay import state  # pylint: disable=g-import-not-at-top
+  DesignSample, HostState, Slot = state.DesignSample, state.HostState, state.Slot
   cfg, roles = _rooms()
   drop = Auditor(AuditConfig(mode="drop"), index=index)
   task = next(t for t in rgym.tasks("algorithmic", 100) if t["id"] == "cryptarithm/0")
@@ -533,8 +535,8 @@ def test_drop_removes_a_hint_and_leaves_a_play_out_of_the_gradient(index, pool):
   # The plays of the program that prints a held-out question are left out of the gradient.
   play = Play(cfg, roles, pool=pool, design=None, auditor=drop)
   buffer = RegretBuffer.create(2, cfg.plays, cfg.hinted_plays, window=1, num_skills=1)
-  new, _, nohint, m = play(host, buffer, 0, policy=_agent(roles.vocab), version=0, memory=EnvMemory(),
-                           max_len=4096, ema=(0.5, 0.1))
+  new, _, nohint, m = play(host, buffer, 0, policy=_agent(roles.vocab), version=0,
+                           memory=EnvMemory(), max_len=4096, ema=(0.5, 0.1))
   assert sorted(nohint) == [(1, 0), (1, 1)]
   assert m["audit/checked/observation"] == 4 and m["audit/dropped/observation"] == 2
   assert m["audit/flagged/observation/reasoning_gym"] == 2

@@ -8,9 +8,9 @@ samples, to be credited later; a slot left without a valid program plays a built
 each designed program: under `audit.mode="drop"` a flagged document is skipped for the
 corpus's next one, and a flagged program is rejected with reason "contaminated" (resampled
 like any invalid sample, never added to the memory); the notes go on the samples
-(`DesignSample.audit`) and into the metrics. With `design_ahead` the first sample of each slot may have been drawn
-during the previous iteration's plays (`HostState.ahead`); it is taken when its prompt is
-still the one the slot would be shown now.
+(`DesignSample.audit`) and into the metrics. With `design_ahead` the first sample of
+each slot may have been drawn during the previous iteration's plays (`HostState.ahead`);
+it is taken when its prompt is still the one the slot would be shown now.
 
 `Draw` (the baselines): every slot gets the env source's next program.
 """

@@ -7,8 +7,9 @@ With --workdir: scores the run's designed programs (every record of ``memory.jso
 negatives included) against the index of held-out items (``spade_jax.eval.contamination``,
 the suites the run's ``eval`` section holds out), reads the ``audit`` field of its
 ``designer_samples.jsonl`` records where the run wrote one (``spade_jax.selfplay.audit``)
-and the ``audit/hint/leak_rate`` metric of ``metrics.jsonl``, and reports counts per kind
-and suite, the worst examples with their matching item, and the hint leak rate: a table
+and the audit metrics of ``metrics.jsonl`` (``audit/checked|flagged|dropped/<kind>``
+summed over the iterations, and the mean ``audit/hint/leak_rate``), and reports counts per
+kind and suite, the worst examples with their matching item, and the hint leak rate: a table
 (with --json, the JSON) on stdout, the JSON also in ``<workdir>/audit.json``.
 
 With --texts: prints a JSON list, one entry per text: ``flagged``, ``suite``, ``item``,
@@ -146,18 +147,26 @@ def report(workdir: str, examples: int = 5) -> dict:
                                     "iteration": row.get("iteration_written"),
                                     "verdict": row.get("verdict")}) for n in notes]
   hints["leak_rate"] = hints["leaked"] / hints["checked"] if hints["checked"] else None
-  rates = []
+  rates, logged = [], {"rows": 0, "checked": {}, "flagged": {}, "dropped": {}}
   metrics = os.path.join(workdir, "metrics.jsonl")
   if os.path.exists(metrics):
-    rates = [r["audit/hint/leak_rate"] for r in _read_jsonl(metrics)
-             if "audit/hint/leak_rate" in r]
+    for r in _read_jsonl(metrics):
+      audited = False
+      for key, value in r.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "audit" and parts[1] in logged:
+          audited = True
+          logged[parts[1]][parts[2]] = logged[parts[1]].get(parts[2], 0) + int(value)
+      logged["rows"] += audited
+      if "audit/hint/leak_rate" in r:
+        rates.append(r["audit/hint/leak_rate"])
   hints["metrics_leak_rate"] = sum(rates) / len(rates) if rates else None
   found.sort(key=lambda e: (-bool(e["suite"]), -e["overlap"], -e["matches"]))
   index = auditor.index
   out = {"workdir": workdir, "records": present,
          "index": {"digest": index.digest, "items": index.counts()},
          "programs": programs, "samples": samples, "counts": counts, "hints": hints,
-         "flagged": sum(c["flagged"] for c in counts.values()),
+         "metrics": logged, "flagged": sum(c["flagged"] for c in counts.values()),
          "examples": found[:examples]}
   with open(os.path.join(workdir, "audit.json"), "w", encoding="utf-8") as f:
     json.dump(out, f, indent=1)
@@ -177,6 +186,10 @@ def table(rep: dict) -> str:
   metric = "-" if h["metrics_leak_rate"] is None else f"{h['metrics_leak_rate']:.3f}"
   lines.append(f"hints: {h['leaked']}/{h['checked']} leak (rate {rate}; metrics mean "
                f"{metric}) " + ", ".join(f"{k} {v}" for k, v in sorted(h["by_leak"].items())))
+  m = rep["metrics"]
+  if m["rows"]:
+    lines.append(f"metrics ({m['rows']} iterations): " + ", ".join(
+        f"{k} {m['flagged'].get(k, 0)}/{n} flagged" for k, n in sorted(m["checked"].items())))
   s = rep["samples"]
   lines.append(f"designer samples: {s['records']} ({s['with_audit']} audited, "
                f"{s['flagged']} flagged)")

@@ -393,3 +393,165 @@ def test_config_sections_resolve(index):
   c.audit.mode = "sometimes"
   with pytest.raises(ValueError, match="audit.mode"):
     build.resolve(c, dry_run=True)
+
+
+# -- `drop` through the stage rooms (scripted policies, no model) ----------------------
+
+def _rooms(num_envs=2, **overrides):
+  import types  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import HFTokenizer  # pylint: disable=g-import-not-at-top
+  from spade_jax.sampling import SamplingConfig  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay.config import SelfPlayConfig  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay.roles import Roles  # pylint: disable=g-import-not-at-top
+  from experiments.configs import tiny  # pylint: disable=g-import-not-at-top
+  kwargs = dict(skills=("logical deduction",), num_envs=num_envs, plays=2, hinted_plays=1,
+                max_turns=2, agent_turn_tokens=32, designer_new_tokens=2048,
+                designer_prompt_tokens=1280, designer_resamples=1)
+  cfg = SelfPlayConfig(**{**kwargs, **overrides})
+  vocab = HFTokenizer(tiny.TOKENIZER)
+  trainer = types.SimpleNamespace(model_cfg=None, mesh=None, rules=None)
+  return cfg, Roles(cfg, vocab, SamplingConfig(eos_id=vocab.eos_id), 0, trainer)
+
+
+def _scripted(vocab, outputs):
+  """A policy whose successive calls answer with the next list of `outputs`."""
+  from spade_jax.sampling import Generation  # pylint: disable=g-import-not-at-top
+  calls = iter(outputs)
+
+  def sample(prompts, max_new_tokens):
+    texts = next(calls)
+    assert len(texts) == len(prompts)
+    toks = [vocab.encode(t) + [vocab.eos_id] for t in texts]
+    return Generation(toks, [[-1.0] * len(t) for t in toks], [True] * len(toks))
+  return lambda it, role: sample
+
+
+def _agent(vocab):
+  """An agent that answers every prompt with the same guess."""
+  from spade_jax.sampling import Generation  # pylint: disable=g-import-not-at-top
+  toks = vocab.encode("I guess \\boxed{7}") + [vocab.eos_id]
+
+  def sample(prompts, max_new_tokens):
+    return Generation([toks] * len(prompts), [[-1.0] * len(toks)] * len(prompts),
+                      [True] * len(prompts))
+  return lambda it, role: sample
+
+
+def _commented(program: str, text: str) -> str:
+  return "".join(f"# {line}\n" for line in text.splitlines()) + program
+
+
+def test_drop_rejects_a_program_and_skips_a_document(tmp_path, index, pool):
+  from spade_jax import designer as dz  # pylint: disable=g-import-not-at-top
+  from spade_jax import envs  # pylint: disable=g-import-not-at-top
+  from spade_jax.eval import bfcl  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay.stages.design import Design  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay import state  # pylint: disable=g-import-not-at-top
+  DesignSample, HostState = state.DesignSample, state.HostState
+  cfg, roles = _rooms()
+  entry = bfcl.load_entries("base")[7]
+  turns = [m["content"] for turn in entry["question"] for m in turn if m["role"] == "user"]
+  path = tmp_path / "docs.jsonl"
+  docs = ["Python module shutil. High-level file operations:\n" + "\n".join(turns),
+          "a plain document about sorting lists, loops and reading files " * 3]
+  path.write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+  corpus = Corpus(CorpusConfig(source="jsonl", paths=(str(path),), min_words=5), seed=0)
+  clean = builtin_programs("games")["guess_secret"]
+  planted = _commented(clean, _humaneval("HumanEval/12")["prompt"])
+  code = lambda src: f"```python\n{src}\n```"
+  policy = _scripted(roles.vocab, [[code(planted), code(clean)], [code(clean)]])
+  make = lambda mode, corpus: Design(
+      cfg, roles, skills=cfg.skills, corpus=corpus, pool=pool,
+      validation=envs.ValidationConfig(max_turns=2, random_episodes=2, random_steps=2,
+                                       sandbox=pool.config),
+      pool_programs=list(builtin_programs("games").values()),
+      auditor=Auditor(AuditConfig(mode=mode), index=index))
+  design = make("drop", corpus)
+  memory = dz.EnvMemory()
+  host = HostState.empty(2)
+  new, m = design(host, 0, policy=policy, version=0, memory=memory)
+  assert host == HostState.empty(2)  # the state handed in is unchanged
+  # The planted program is rejected as contaminated and resampled; it is never stored.
+  assert m["designer/rejected/contaminated"] == 1 and m["designer/valid"] == 2
+  assert m["designer/samples"] == 3 and m["audit/dropped/program"] == 1
+  assert m["audit/flagged/program/humaneval"] == 1 and m["audit/checked/program"] == 3
+  assert [s.origin for s in new.slots] == ["designer", "designer"]
+  assert all("HumanEval" not in (s.source or "") for s in new.slots)
+  assert not any("HumanEval" in r.program for r in memory.records)
+  rejected = new.pending[0]
+  assert rejected.reason == "contaminated" and rejected.audit["dropped"]
+  assert [(n["kind"], n["suite"], n["item"]) for n in rejected.audit["notes"]] == [
+      ("program", "humaneval", "HumanEval/12")]
+  # The planted document is skipped for the next one: both slots read the clean one.
+  assert {p.doc_id for p in new.pending} == {"docs.jsonl:2"}
+  assert m["audit/dropped/document"] == 1 and m["audit/flagged/document/bfcl"] == 1
+  assert m["audit/checked/document"] == 3 and m["time/audit"] > 0
+  # The flags ride on the frozen sample through a checkpoint, and older ones restore.
+  saved = json.loads(json.dumps(new.to_json()))
+  assert HostState.from_json(saved).pending == new.pending
+  del saved["pending"][0]["audit"]
+  assert DesignSample.from_json(saved["pending"][0]).audit is None
+  # Under flag the same program is only recorded.
+  flag = make("flag", Corpus(CorpusConfig(source="jsonl", paths=(str(path),), min_words=5),
+                             seed=0))
+  _, m = flag(host, 0, policy=_scripted(roles.vocab, [[code(planted), code(clean)]]),
+              version=0, memory=dz.EnvMemory())
+  assert m["designer/rejected/contaminated"] == 0 and m["audit/flagged/program"] == 1
+  assert "audit/dropped/program" not in m
+
+
+def _env(obs: str, answer: str = "42") -> str:
+  return (f"class Env:\n  def __init__(self, max_turns=2, **kwargs):\n    pass\n"
+          f"  def reset(self, seed=None, options=None):\n    return {obs!r}, {{}}\n"
+          f"  def step(self, action):\n    return 'again', 0.0, False, False, {{}}\n"
+          f"  def solution(self):\n    return [{answer!r}]\n")
+
+
+def test_drop_removes_a_hint_and_leaves_a_play_out_of_the_gradient(index, pool):
+  from spade_jax.designer import EnvMemory  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay.buffer import RegretBuffer  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay.stages.hints import episode_hints  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay.stages.play import Play  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay import state  # pylint: disable=g-import-not-at-top
+  DesignSample, HostState, Slot = state.DesignSample, state.HostState, state.Slot
+  cfg, roles = _rooms()
+  drop = Auditor(AuditConfig(mode="drop"), index=index)
+  task = next(t for t in rgym.tasks("algorithmic", 100) if t["id"] == "cryptarithm/0")
+  printed, plain = _env(task["entry"]["question"]), _env("Guess a number from 1 to 99.")
+  host = HostState((Slot(printed, "designer", 0, written=0, hint="think about digits"),
+                    Slot(plain, "designer", 0, written=0, hint="The answer is forty-two.")),
+                   (True, True),
+                   tuple(DesignSample(e, 0, "", [1], [0.0], 1, src, None, 0)
+                         for e, src in enumerate((printed, plain))))
+  # The hint that states the answer is dropped; the other one is kept.
+  hints, notes = episode_hints(cfg, pool, host, [(0, 7), (1, 7)], drop)
+  assert hints == {(0, 7): "think about digits", (1, 7): None}
+  assert notes[(1, 7)].leak == "answer" and notes[(1, 7)].drop
+  assert not notes[(0, 7)].flagged
+  hints, notes = episode_hints(cfg, pool, host, [(1, 7)], Auditor(AuditConfig(mode="flag"),
+                                                                  index=index))
+  assert hints == {(1, 7): "The answer is forty-two."} and notes[(1, 7)].flagged
+  assert episode_hints(cfg, pool, host, [(1, 7)], None)[1] == {}
+  # The plays of the program that prints a held-out question are left out of the gradient.
+  play = Play(cfg, roles, pool=pool, design=None, auditor=drop)
+  buffer = RegretBuffer.create(2, cfg.plays, cfg.hinted_plays, window=1, num_skills=1)
+  new, _, nohint, m = play(host, buffer, 0, policy=_agent(roles.vocab), version=0,
+                           memory=EnvMemory(), max_len=4096, ema=(0.5, 0.1))
+  assert sorted(nohint) == [(1, 0), (1, 1)]
+  assert m["audit/checked/observation"] == 4 and m["audit/dropped/observation"] == 2
+  assert m["audit/flagged/observation/reasoning_gym"] == 2
+  assert m["audit/checked/hint"] == 2 and m["audit/hint/leaked_answer"] == 1
+  assert m["audit/hint/leak_rate"] == 0.5 and m["agent/hints"] == 1
+  # Each slot's notes reach the sample it plays.
+  first, second = new.pending
+  assert first.audit["checked"] == {"hint": 1, "observation": 2}
+  assert {n["item"] for n in first.audit["notes"]} == {"algorithmic/cryptarithm/0"}
+  assert second.audit["checked"] == {"hint": 1, "observation": 2}
+  assert [n["leak"] for n in second.audit["notes"]] == ["answer"]
+  assert host.pending[0].audit is None  # the state handed in is unchanged
+  # Under off nothing is checked and no audit key appears.
+  off = Play(cfg, roles, pool=pool, design=None, auditor=Auditor(AuditConfig(mode="off")))
+  _, _, nohint, m = off(host, buffer, 0, policy=_agent(roles.vocab), version=0,
+                        memory=EnvMemory(), max_len=4096, ema=(0.5, 0.1))
+  assert len(nohint) == 4 and not [k for k in m if k.startswith("audit/") or k == "time/audit"]
+  assert off.auditor._index is None  # pylint: disable=protected-access

@@ -53,6 +53,29 @@ def test_games_smoke_starts_from_a_hf_checkpoint_with_bpe(games_run):
   rows = read_metrics(workdir)
   assert [r["step"] for r in rows] == [1, 2] and np.isfinite(last["train/loss"])
   assert rows[0]["sampling/hint/temperature"] == 0.3
+  # The contamination audit (default mode flag) checked the data path and logged it.
+  for r in rows:
+    for kind in ("program", "document", "hint", "observation"):
+      assert r[f"audit/checked/{kind}"] >= 0 and r[f"audit/flagged/{kind}"] >= 0
+    assert r["designer/rejected/contaminated"] == 0 and r["time/audit"] >= 0
+  assert rows[0]["audit/checked/program"] == (rows[0]["designer/samples"]
+                                              - rows[0]["designer/rejected/no_code"])
+  assert rows[0]["audit/checked/observation"] == rows[0]["agent/episodes"] / 2
+  assert 0 <= rows[0]["audit/hint/leak_rate"] <= 1
+  records = [json.loads(l) for l in open(os.path.join(workdir, "designer_samples.jsonl"))]
+  assert records and all(set(r["audit"]) == {"flagged", "dropped", "checked", "notes"}
+                         for r in records)
+  out = subprocess.run([sys.executable, "-m", "launch.audit", f"--workdir={workdir}"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.startswith(f"audit of {workdir}") and "designer samples:" in out.stdout
+  rep = json.load(open(os.path.join(workdir, "audit.json")))
+  assert rep["samples"]["records"] == rep["samples"]["with_audit"] == len(records)
+  assert rep["counts"]["program"]["checked"] >= rep["programs"]
+  assert rep["counts"]["document"]["checked"] == sum(r["audit"]["checked"].get("document", 0)
+                                                     for r in records) > 0
+  assert rep["metrics"]["rows"] == 2
+  assert rep["metrics"]["checked"]["program"] == sum(r["audit/checked/program"] for r in rows)
 
 
 @pytest.mark.parametrize("module,arg", [(tool_use, "smoke"), (games, "smoke,ablation=no_corpus")])

@@ -26,7 +26,8 @@ MAX_SOURCE_BYTES = 64 * 1024
 # Why the validator rejects a program. Programs that fail while running (in
 # validation or in an episode) carry one of the sandbox's run failures.
 VALIDATION_REASONS = ("no_code", "too_large", "syntax", "forbidden", "contract",
-                      "nondeterministic", "infeasible", "trivial", "reset_gate", "judge")
+                      "nondeterministic", "infeasible", "trivial", "reset_gate", "judge",
+                      "contaminated")
 REASONS = VALIDATION_REASONS + tuple(r for r in FAILURES if r not in VALIDATION_REASONS)
 
 

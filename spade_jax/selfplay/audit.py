@@ -15,9 +15,13 @@ records it, ``"drop"`` asks the caller to leave the item out, ``"off"`` checks n
   auditor.document(text) -> Note              # a grounding document
   auditor.metrics(notes) -> dict              # per-iteration metrics (below)
   auditor.record(notes) -> dict               # a designer sample record's `audit` field
+  Auditor.annotate(sample, notes) -> sample   # a frozen sample with `notes` added to its
+                                              # `audit` field (that record format)
   decontaminate(corpus, auditor) -> corpus    # the corpus minus its flagged documents
 
 The index loads on the first check (built once per machine, then read from its cache).
+``auditor.seconds`` is the wall time its checks took so far, index loading included (the
+stages report their share as ``time/audit``).
 
 **Metrics** (:meth:`Auditor.metrics`): ``audit/checked/<kind>``, ``audit/flagged/<kind>``,
 ``audit/flagged/<kind>/<suite>``, ``audit/dropped/<kind>``,
@@ -39,6 +43,8 @@ itself (what a run records without it).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import time
 from typing import Any, Iterable, Mapping, Sequence
 
 from absl import logging
@@ -124,6 +130,20 @@ def _match_reason(m: Match) -> str:
           f"item {m.item}" + (", and its answer" if m.answer else ""))
 
 
+def _timed(check):
+  """A check whose wall time is added to ``Auditor.seconds``."""
+
+  @functools.wraps(check)
+  def timed(self, *args, **kwargs):
+    t0 = time.perf_counter()
+    try:
+      return check(self, *args, **kwargs)
+    finally:
+      self.seconds += time.perf_counter() - t0
+
+  return timed
+
+
 class Auditor:
   """Checks of the data path against the held-out items (see the module)."""
 
@@ -136,6 +156,7 @@ class Auditor:
     self.cfg = cfg or AuditConfig()
     self.eval_cfg = eval_cfg
     self._index = index
+    self.seconds = 0.0  # wall time of the checks so far (see the module)
 
   @classmethod
   def from_config(cls, config) -> Auditor:
@@ -176,6 +197,7 @@ class Auditor:
                 leak.kind if leak is not None and leak.leaked else None, "; ".join(reasons),
                 flagged and self.cfg.mode == "drop")
 
+  @_timed
   def text(self, kind: str, text: str | None) -> Note:
     """Any text, checked as ``kind``."""
     if kind not in KINDS:
@@ -192,6 +214,7 @@ class Auditor:
     """A grounding document."""
     return self.text("document", text)
 
+  @_timed
   def observations(self, texts: Iterable[str | None]) -> Note:
     """What a play printed: each observation is scored; the note is the worst one's."""
     if not self.on:
@@ -203,6 +226,7 @@ class Auditor:
         best = m
     return self._note("observation", best)
 
+  @_timed
   def hint(self, text: str | None, solution_actions: Sequence[str] | None = None) -> Note:
     """A hint: against the index, and (given its ``solution()``) for literal, answer and
     sequence leaks."""
@@ -248,6 +272,28 @@ class Auditor:
     flagged = [n for n in notes if n.flagged]
     return {"flagged": bool(flagged), "dropped": any(n.drop for n in flagged),
             "checked": checked, "notes": [n.to_dict() for n in flagged]}
+
+  @staticmethod
+  def merge(audit: Mapping[str, Any] | None, notes: Iterable[Note]) -> dict[str, Any]:
+    """``audit`` (a record's ``audit`` field, or None) with ``notes`` added."""
+    new = Auditor.record(notes)
+    if not audit:
+      return new
+    checked = dict(audit["checked"])
+    for kind, n in new["checked"].items():
+      checked[kind] = checked.get(kind, 0) + n
+    return {"flagged": bool(audit["flagged"] or new["flagged"]),
+            "dropped": bool(audit["dropped"] or new["dropped"]), "checked": checked,
+            "notes": list(audit["notes"]) + new["notes"]}
+
+  @staticmethod
+  def annotate(sample, notes: Iterable[Note]):
+    """A frozen sample (with an ``audit`` field, e.g. ``selfplay.state.DesignSample``)
+    with ``notes`` added to it; ``sample`` itself when there are none."""
+    notes = list(notes)
+    if not notes:
+      return sample
+    return dataclasses.replace(sample, audit=Auditor.merge(sample.audit, notes))
 
 
 class DecontaminatedCorpus:

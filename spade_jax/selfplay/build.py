@@ -301,18 +301,20 @@ class Run:
   def selfplay(self, pool: sandbox.EnvPool, workdir: str) -> SelfPlay:
     """The iteration driver over ``pool``, with the initial train state. A baseline env
     source gets no corpus (only the designer reads documents); with
-    ``corpus.decontaminate`` the corpus skips the documents the audit flags."""
+    ``corpus.decontaminate`` the corpus skips the documents the audit flags. One auditor
+    (the ``audit`` section) serves the corpus and the stages."""
     c = self.config
     source = self.env_source()
+    auditor = Auditor.from_config(c)  # one per run: the rooms' checks and the corpus's
     corpus = Corpus(c.corpus, workdir=workdir, seed=c.seed) if source is None else None
     if corpus is not None and c.corpus.decontaminate:
-      corpus = decontaminate(corpus, Auditor.from_config(c))
+      corpus = decontaminate(corpus, auditor)
     return SelfPlay(c.selfplay, trainer=self.trainer, state=self.initial_state(),
                     vocab=self.vocab,
                     sampling=RoleSampling(c.designer_sampling, c.hint_sampling, c.sampling),
                     pool=pool, corpus=corpus, memory=EnvMemory(c.memory),
                     reward_cfg=c.rewards, validation=c.validation, seed=c.seed,
-                    env_source=source)
+                    env_source=source, auditor=auditor)
 
 
 def build_run(config) -> Run:

@@ -61,6 +61,8 @@ class Episode:
   turns: int = 0
   outcome: str = "running"
   malformed: int = 0            # malformed tool calls (tool use)
+  # The env's texts the agent was shown (reset, then each step's), hint left out.
+  observations: list[str] = dataclasses.field(default_factory=list)
 
   @property
   def solved(self) -> bool:
@@ -166,6 +168,7 @@ def _run(pool, sources, specs, policy, chat, system_prompt, requests, *, max_tur
         ep.outcome = res.reason or "crash"
         continue
       obs, info = res.value
+      ep.observations.append(str(obs))
       hint = ep.spec.hint if ep.spec.hinted else None
       _extend(ep, chat.prompt(system_prompt, hinted_observation(obs, hint),
                               tools=info.get("tools")), False)
@@ -221,6 +224,9 @@ def _step_results(episodes, chat, idx, results, max_turn_tokens, max_len):
       ep.outcome = "context"
       continue
     _extend(ep, nxt, False)
+    ep.observations += ([str(r["content"]) for r in info["tool_results"]]
+                        + ([str(info["user"])] if info.get("user") else [])
+                        if "tool_results" in info else [str(obs)])
     cont[i] = nxt
   return cont
 

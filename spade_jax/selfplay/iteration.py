@@ -8,6 +8,10 @@ runs the data path of DESIGN section 3 once, as a sequence of stage rooms
 leaves a record in `sample_records`. All host state round-trips through `host_state()` /
 `restore_host_state()` for checkpoints.
 
+The run's contamination `Auditor` (`selfplay.audit`; default: off) is handed to the rooms
+that check the data path (design, play with its hints, and credit, which writes each
+sample's flags into its record); their `audit/*` counts and `time/audit` add up.
+
 Per REFERENCE §1, at a regeneration (`it % regen_every == 0`) every slot gets a new
 designer program for one of `skills_per_regen` skills chosen round-robin; a sample that
 fails validation is resampled up to `designer_resamples` times; the policy reads each
@@ -33,6 +37,7 @@ from spade_jax import envs
 from spade_jax.rl import Trainer, TrainState
 from spade_jax.sampling import Sampler, SamplingConfig, num_compiled_programs
 from spade_jax.selfplay import rewards as rw
+from spade_jax.selfplay.audit import KINDS as AUDIT_KINDS, AuditConfig, Auditor
 from spade_jax.selfplay.baselines import EnvSource
 from spade_jax.selfplay.buffer import RegretBuffer
 from spade_jax.selfplay.config import SelfPlayConfig
@@ -48,6 +53,17 @@ __all__ = ["ROLES", "DesignSample", "HostState", "RoleSampling", "SelfPlay", "Se
            "Slot", "regen_skills"]
 
 
+def _merge(metrics: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+  """`metrics` updated with `more`; the audit's counts and time, which several stages
+  report, add up (its leak rate comes from the play stage alone)."""
+  out = dict(metrics)
+  for k, v in more.items():
+    adds = k == "time/audit" or k.startswith(("audit/checked/", "audit/flagged/",
+                                               "audit/dropped/", "audit/hint/leaked_"))
+    out[k] = out.get(k, 0.0) + v if adds else v
+  return out
+
+
 class SelfPlay:
   """Runs self-play iterations over a trainer, a sandbox pool and designer parts."""
 
@@ -55,7 +71,7 @@ class SelfPlay:
                vocab, sampling: SamplingConfig | RoleSampling, pool, corpus: dz.Corpus | None,
                memory: dz.EnvMemory, reward_cfg: rw.RewardConfig,
                validation: envs.ValidationConfig, seed: int = 0,
-               env_source: EnvSource | None = None):
+               env_source: EnvSource | None = None, auditor: Auditor | None = None):
     self.setting = envs.SETTINGS[cfg.setting]
     self.skills = cfg.skills or envs.SKILLS[cfg.setting]
     for s in self.skills:
@@ -88,6 +104,7 @@ class SelfPlay:
     self.reward_cfg, self.validation = reward_cfg, validation
     self.env_source = env_source
     self.seed = seed
+    self.auditor = auditor if auditor is not None else Auditor(AuditConfig(mode="off"))
     self.pool_programs = list(envs.builtin_programs(cfg.setting).values())
     self.host = HostState.empty(cfg.num_envs)
     self.sample_records: list[dict[str, Any]] = []
@@ -99,12 +116,14 @@ class SelfPlay:
     # The stage rooms, in the order an iteration runs them.
     if env_source is None:
       self.design = Design(cfg, self.roles, skills=self.skills, corpus=corpus, pool=pool,
-                           validation=validation, pool_programs=self.pool_programs)
+                           validation=validation, pool_programs=self.pool_programs,
+                           auditor=self.auditor)
       self.draw = None
     else:
       self.design, self.draw = None, Draw(cfg, env_source, pool)
-    self.play = Play(cfg, self.roles, pool=pool, design=self.design, env_source=env_source)
-    self.credit = Credit(cfg, reward_cfg, self.sampling, self.pool_programs)
+    self.play = Play(cfg, self.roles, pool=pool, design=self.design, auditor=self.auditor,
+                     env_source=env_source)
+    self.credit = Credit(cfg, reward_cfg, self.sampling, self.pool_programs, self.auditor)
 
   # -- the host state's parts, read-only ----------------------------------------
   @property
@@ -150,7 +169,7 @@ class SelfPlay:
       else:
         self.on_phase(f"draw ({cfg.env_source})")
         host, m = self.draw(host, it)
-      metrics.update(m)
+      metrics = _merge(metrics, m)
       if cfg.hint_source == "policy" and cfg.hinted_plays:
         self.on_phase("hints")
         t0 = time.perf_counter()
@@ -165,7 +184,12 @@ class SelfPlay:
         host, self.buffer, it, policy=self._policy, version=self._version(),
         memory=self.memory, max_len=self.trainer.train_cfg.seq_len,
         ema=(self.reward_cfg.ema_fast, self.reward_cfg.ema_slow))
-    metrics.update(m)
+    metrics = _merge(metrics, m)
+    if self.auditor.on:  # every kind's counts, zero when nothing of it was checked
+      for kind in AUDIT_KINDS:
+        metrics.setdefault(f"audit/checked/{kind}", 0.0)
+        metrics.setdefault(f"audit/flagged/{kind}", 0.0)
+      metrics.setdefault("time/audit", 0.0)
     host, credited, m = self.credit(host, self.buffer, nohint, it, memory=self.memory)
     metrics.update(m)
     self.host = host

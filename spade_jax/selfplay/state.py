@@ -52,6 +52,9 @@ class DesignSample:
   # once, so its credit reads this and `failure_raw`, never the slot's later state.
   failure: str | None = None
   failure_raw: float = 0.0      # its env's raw score in the iteration it failed
+  # The contamination audit's checks of this sample (its program, document, hints and
+  # plays), in the `audit` record format of `selfplay.audit`; None: nothing checked.
+  audit: dict[str, Any] | None = None
 
   @property
   def failed(self) -> bool:
@@ -60,7 +63,8 @@ class DesignSample:
   @classmethod
   def from_json(cls, saved: dict[str, Any]) -> DesignSample:
     """A checkpointed sample. Older checkpoints hold `failed` instead of `failure`: their
-    failed samples were credited as crashes, and still are."""
+    failed samples were credited as crashes, and still are; those without `audit` had
+    nothing checked."""
     saved = dict(saved)
     if "failed" in saved:
       saved.setdefault("failure", "crash" if saved.pop("failed") else None)

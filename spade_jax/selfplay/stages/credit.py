@@ -8,7 +8,8 @@ The cohort of designer samples whose credit window ends now is credited together
 (`rewards.credit`): each leaves a sample record, a played one a record in the environment
 memory, and those credited go to the batch as designer rows. Each slot's counted
 unhinted plays go to the batch as agent rows (less the uniform groups under
-`dynamic_sampling`).
+`dynamic_sampling`). With the contamination audit on, each sample record carries the
+sample's `audit` field (`DesignSample.audit`, in `selfplay.audit`'s record format).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from spade_jax import designer as dz
 from spade_jax.selfplay import rewards as rw
+from spade_jax.selfplay.audit import Auditor
 from spade_jax.selfplay.batch import Row
 from spade_jax.selfplay.buffer import RegretBuffer
 from spade_jax.selfplay.config import SelfPlayConfig
@@ -56,9 +58,10 @@ class Credit:
   """The credit stage (see the module docstring)."""
 
   def __init__(self, cfg: SelfPlayConfig, reward_cfg: rw.RewardConfig,
-               sampling: RoleSampling, pool_programs: list[str]):
+               sampling: RoleSampling, pool_programs: list[str], auditor: Auditor):
     self.cfg, self.reward_cfg, self.sampling = cfg, reward_cfg, sampling
     self.pool_programs = pool_programs
+    self.auditor = auditor
 
   def __call__(self, host: HostState, buffer: RegretBuffer, nohint: dict[tuple[int, int], Any],
                it: int, *, memory: dz.EnvMemory
@@ -184,6 +187,8 @@ class Credit:
           "reward": float(values[e, a]) if use[e, a] else None,
           "trained": bool(use[e, a]) and cfg.train_designer,
           "policy_version": p.policy_version})
+      if self.auditor.on:
+        records[-1]["audit"] = p.audit or Auditor.record([])
     trained = [r.advantage for r in rows]
     metrics = {"designer/credited": len(due), "designer/trained": len(trained),
                "designer/reward_mean": float(np.mean(trained)) if trained else 0.0}

@@ -4,9 +4,13 @@
 regeneration's skills; a program that fails validation (or the LLM judge, REFERENCE §5)
 is resampled up to `designer_resamples` times; every sample joins the pending designer
 samples, to be credited later; a slot left without a valid program plays a built-in one
-(`fill_from_pool`). With `design_ahead` the first sample of each slot may have been drawn
-during the previous iteration's plays (`HostState.ahead`); it is taken when its prompt is
-still the one the slot would be shown now.
+(`fill_from_pool`). The run's contamination `Auditor` scores each drawn document and
+each designed program: under `audit.mode="drop"` a flagged document is skipped for the
+corpus's next one, and a flagged program is rejected with reason "contaminated" (resampled
+like any invalid sample, never added to the memory); the notes go on the samples
+(`DesignSample.audit`) and into the metrics. With `design_ahead` the first sample of
+each slot may have been drawn during the previous iteration's plays (`HostState.ahead`);
+it is taken when its prompt is still the one the slot would be shown now.
 
 `Draw` (the baselines): every slot gets the env source's next program.
 """
@@ -24,6 +28,7 @@ from spade_jax import designer as dz
 from spade_jax import envs
 from spade_jax.eval.answers import last_boxed
 from spade_jax.sampling import Generation, Sampler
+from spade_jax.selfplay.audit import Auditor, Note
 from spade_jax.selfplay.config import SelfPlayConfig
 from spade_jax.selfplay.roles import Roles
 from spade_jax.selfplay.state import DesignSample, HostState, Slot
@@ -71,29 +76,52 @@ class Design:
   """The designer's stage (see the module docstring)."""
 
   def __init__(self, cfg: SelfPlayConfig, roles: Roles, *, skills: tuple[str, ...], corpus,
-               pool, validation: envs.ValidationConfig, pool_programs: list[str]):
+               pool, validation: envs.ValidationConfig, pool_programs: list[str],
+               auditor: Auditor):
     self.cfg, self.roles, self.skills = cfg, roles, skills
     self.setting = envs.SETTINGS[cfg.setting]
     self.corpus, self.pool, self.validation = corpus, pool, validation
     self.pool_programs = pool_programs
+    self.auditor = auditor
+
+  def draw_document(self) -> tuple[Any, list[Note]]:
+    """The corpus's next document and the audit notes of every document drawn for it
+    (under `drop` a flagged one is skipped for the next)."""
+    notes = []
+    for _ in range(len(self.corpus)):
+      doc = self.corpus.next()
+      if not self.auditor.on:
+        return doc, notes
+      notes.append(self.auditor.document(doc.text))
+      if not notes[-1].drop:
+        return doc, notes
+    raise ValueError(f"Every one of the corpus's {len(self.corpus)} documents holds a "
+                     "held-out item (audit.mode='drop'); use another corpus, "
+                     "audit.mode='flag' or selfplay.no_corpus=True.")
 
   def prompts(self, it: int, memory: dz.EnvMemory,
-              docs: list | None = None) -> tuple[list, list, list]:
-    """(skills, documents, prompt ids) of each slot at regeneration iteration `it`.
+              docs: list | None = None) -> tuple[list, list, list, list[list[Note]]]:
+    """(skills, documents, prompt ids, document audit notes) of each slot at regeneration
+    iteration `it`.
 
-    Documents are drawn from the corpus unless given (a design drawn ahead keeps its own).
+    Documents are drawn from the corpus unless given (a design drawn ahead keeps its own,
+    checked when it was drawn: its notes are empty).
     """
     cfg, seed = self.cfg, self.roles.play_seed
     skills = regen_skills(self.skills, cfg.skills_per_regen, it // cfg.regen_every,
                           cfg.num_envs)
-    prompts, drawn = [], []
+    prompts, drawn, notes = [], [], []
     budget = cfg.designer_prompt_tokens or None
     for e, skill in enumerate(skills):
+      doc_notes = []
       if docs is not None:
         doc = docs[e]
+      elif cfg.no_corpus:
+        doc = None
       else:
-        doc = None if cfg.no_corpus else self.corpus.next()
+        doc, doc_notes = self.draw_document()
       drawn.append(doc)
+      notes.append(doc_notes)
       tool_kw = {}
       if self.setting.tool_harness:  # REFERENCE §5: a domain and a task type per slot
         pick = seed(it, e, 3)
@@ -106,7 +134,7 @@ class Design:
           negative=memory.negative(skill, setting=cfg.setting, seed=seed(it, e, 2)),
           no_corpus=cfg.no_corpus, budget=budget, count=self.roles.count_tokens)
       prompts.append(self.roles.chat.prompt(None, text))
-    return skills, drawn, prompts
+    return skills, drawn, prompts, notes
 
   def ahead_due(self, it: int) -> bool:
     """Whether iteration `it`'s plays also draw the next regeneration's designs."""
@@ -126,14 +154,17 @@ class Design:
     Returns:
       (the new host state, the stage's metrics and times).
     """
-    cfg, E = self.cfg, self.cfg.num_envs
-    t0 = time.perf_counter()
+    cfg, E, auditor = self.cfg, self.cfg.num_envs, self.auditor
+    t0, audit_t0 = time.perf_counter(), auditor.seconds
     ahead = host.ahead if host.ahead is not None and host.ahead.iteration == it else None
     if ahead is not None:  # the same documents; the prompts as the memory stands now
-      skills, docs, prompts = self.prompts(
+      skills, docs, prompts, doc_notes = self.prompts(
           it, memory, [dz.Document(**d) if d else None for d in ahead.docs])
     else:
-      skills, docs, prompts = self.prompts(it, memory)
+      skills, docs, prompts, doc_notes = self.prompts(it, memory)
+    notes: list[Note] = [n for ns in doc_notes for n in ns]  # this iteration's checks
+    if auditor.on and ahead is not None:  # counted when drawn; each sample still says it
+      doc_notes = [[auditor.document(d.text)] if d else [] for d in docs]
     designer = policy(it, "designer")
     metrics: dict[str, float] = {}
     first: dict[int, tuple[list[int], list[float], bool]] = {}
@@ -165,6 +196,8 @@ class Design:
       verdicts = envs.validate_many([self.roles.vocab.decode(t) for t in gen.tokens],
                                     self.pool, self.validation)
       validate_s += time.perf_counter() - t1
+      verdicts, program_notes = self._audit_programs(verdicts)
+      notes += [n for n in program_notes if n is not None]
       if cfg.llm_validator:
         verdicts, n = judge(cfg, self.roles, policy, it, attempt, verdicts)
         judged += n
@@ -172,12 +205,15 @@ class Design:
       tokens += sum(len(t) for t in gen.tokens)
       attempts += len(need)
       retry = []
-      for e, toks, lps, v in zip(need, gen.tokens, gen.logprobs, verdicts):
+      for e, toks, lps, v, note in zip(need, gen.tokens, gen.logprobs, verdicts,
+                                       program_notes):
         p = prompts[e]
         doc_id = docs[e].id if docs[e] else ""
         sample = DesignSample(e, envs.skill_index(cfg.setting, skills[e]), doc_id, p + toks,
                               [0.0] * len(p) + lps, len(p), v.source, v.reason, it, attempt,
                               ahead.version if attempt == 0 and e in first else version)
+        if auditor.on:
+          sample = Auditor.annotate(sample, doc_notes[e] + ([note] if note else []))
         pending.append(sample)
         if v.valid:
           valid += 1
@@ -185,7 +221,7 @@ class Design:
           continue
         reasons[v.reason] += 1
         retry.append(e)
-        if v.source:
+        if v.source and not (note and note.drop):
           memory.add(dz.MemoryRecord(program=v.source, doc_id=doc_id, skill=skills[e],
                                      reason=v.reason, iteration=it, setting=cfg.setting))
       need = retry
@@ -193,7 +229,8 @@ class Design:
       slots[e] = Slot.from_pool(self.pool_programs, e, it) if cfg.fill_from_pool else Slot()
     if cfg.llm_validator and judged:
       metrics["designer/judged"] = judged
-    metrics["time/design"] = time.perf_counter() - t0 - validate_s
+    audit_s = auditor.seconds - audit_t0
+    metrics["time/design"] = time.perf_counter() - t0 - validate_s - audit_s
     metrics["time/validate"] = validate_s
     metrics["designer/samples"] = attempts
     metrics["designer/valid"] = valid
@@ -204,8 +241,25 @@ class Design:
       metrics[f"designer/rejected/{r}"] = reasons.get(r, 0)
     metrics["sampling/designer/tokens"] = tokens
     metrics["sampling/designer/finished_rate"] = float(np.mean(finished)) if finished else 0.0
+    if auditor.on:
+      metrics.update(auditor.metrics(notes))
+      metrics["time/audit"] = audit_s
     new = host.replace(slots=slots, fresh=[True] * E, pending=pending, ahead=None)
     return new, metrics
+
+  def _audit_programs(self, verdicts: list) -> tuple[list, list[Note | None]]:
+    """Each program's audit note (None: no source, or the audit is off), and the verdicts
+    with a program to drop rejected as "contaminated"."""
+    if not self.auditor.on:
+      return verdicts, [None] * len(verdicts)
+    out, notes = [], []
+    for v in verdicts:
+      note = self.auditor.program(v.source) if v.source else None
+      if note is not None and note.drop and v.valid:
+        v = dataclasses.replace(v, valid=False, reason="contaminated", detail=note.reason)
+      out.append(v)
+      notes.append(note)
+    return out, notes
 
 
 class Draw:

@@ -20,10 +20,11 @@ A workdir without records, or a bad texts file, is a one-line error and exit sta
 
 import json
 import os
-import sys
 
 from absl import app
 from absl import flags
+
+from spade_jax import console
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "Training workdir (designer_samples.jsonl, "
                                "memory.json).")
@@ -33,8 +34,8 @@ _EXAMPLES = flags.DEFINE_integer("examples", 5, "Worst examples in the report.")
 RECORDS = ("designer_samples.jsonl", "memory.json")
 
 
-class AuditError(Exception):
-  """A problem with the input, reported in one line."""
+class AuditError(console.BadInput):
+  """A problem with the input, reported in one line (exit 2)."""
 
 
 def _read_jsonl(path: str) -> list[dict]:
@@ -228,16 +229,12 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if bool(_WORKDIR.value) == bool(_TEXTS.value):
     raise app.UsageError("Pass exactly one of --workdir and --texts.")
-  try:
-    if _TEXTS.value:
-      print(json.dumps(score_texts(_TEXTS.value)))
-      return
-    rep = report(_WORKDIR.value, _EXAMPLES.value)
-  except AuditError as e:
-    print(f"launch.audit: {e}", file=sys.stderr)
-    sys.exit(2)
+  if _TEXTS.value:
+    print(json.dumps(score_texts(_TEXTS.value)))
+    return
+  rep = report(_WORKDIR.value, _EXAMPLES.value)
   print(json.dumps(rep) if _JSON.value else table(rep))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  console.run(main)

@@ -1,4 +1,4 @@
-r"""Held-out evaluation of a checkpoint (REFERENCE §8): suites from `spade_jax.eval`.
+r"""Held-out evaluation of a checkpoint (docs/METHOD.md §8): suites from `spade_jax.eval`.
 
   python -m launch.eval --hf_checkpoint=/ckpt/Qwen3-4B --suites=reasoning_gym,bfcl,humaneval
   python -m launch.eval --init_from=gguf:smollm2_135m_instruct --suites=reasoning_gym \

@@ -1,4 +1,4 @@
-"""Baselines (REFERENCE §7): the RLVE difficulty rule, RLVE task programs, the static pool
+"""Baselines (docs/METHOD.md §7): the RLVE difficulty rule, RLVE task programs, the static pool
 (without replacement, reshuffled, resumed), the env-source switch, and both baselines'
 smoke configs through the training loop."""
 

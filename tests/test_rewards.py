@@ -1,6 +1,6 @@
-"""Golden tests of the regret stage against an independent NumPy version of REFERENCE §2.
+"""Golden tests of the regret stage against an independent NumPy version of docs/METHOD.md §2.
 
-`reference_rewards` below is written from ../shared/REFERENCE.md §2 alone (per env: Rh,
+`reference_rewards` below is written from docs/METHOD.md §2 alone (per env: Rh,
 Rn0, w over the credit window, plateau, the five variants, per-skill trackers, centring on
 the skill's mean in the cohort, scale = min(plays * regen_every, 50)); the buffer and
 `compute_rewards` / `credit` must reproduce it on hand-made windows.
@@ -25,7 +25,7 @@ def np_plateau(w):
 
 
 def reference_rewards(envs, variant, *, plays, regen_every, invalid=-1.0, crash=-1.0):
-  """Designer reward per env of one cohort, straight from REFERENCE §2.
+  """Designer reward per env of one cohort, straight from docs/METHOD.md §2.
 
   Each env: {"skill", "kind" in played|invalid|failed, "hint": [Rh plays],
   "window": [[unhinted plays] per iteration], "timed_out"}. Returns {index: reward or None}.

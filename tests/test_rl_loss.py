@@ -57,7 +57,7 @@ def np_loss(cfg, lp, old, adv, mask, ref=None, sampler=None):
         olds.append(old[b][t])
         samps.append(sampler[b][t])
         if cfg.tis_cap is not None:
-          w = min(math.exp(d), cfg.tis_cap)  # REFERENCE.md 1.8: min(pi_old / pi_sampler, cap)
+          w = min(math.exp(d), cfg.tis_cap)  # docs/METHOD.md §1.8: min(pi_old / pi_sampler, cap)
           weights.append(w)
           val *= w
           capped += math.exp(d) > cfg.tis_cap

@@ -292,7 +292,7 @@ def test_timeout_mid_window_keeps_its_score_until_credit(tmp_path, scripted, poo
   m3 = sp.iteration(3)
   assert m3["designer/credited"] == 4 and m3["designer/credit/failed"] == 3
   records = {r["slot"]: r for r in sp.sample_records}
-  # REFERENCE §2: a timed-out env scores -0.5, a crash the crash penalty (-1); slot 3's
+  # docs/METHOD.md §2: a timed-out env scores -0.5, a crash the crash penalty (-1); slot 3's
   # regret is Rh - w = 1 - 2/8. Centred on the cohort's mean, times 2 plays * 4 = 8.
   raw = [-0.5, -1.0, -0.5, 1.0 - 2 / 8]
   want = [(v - sum(raw) / 4) * 8 for v in raw]

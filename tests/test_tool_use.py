@@ -1,4 +1,4 @@
-"""The tool-use setting (REFERENCE §5): harness, Qwen3 tool conversation, reset gate, judge."""
+"""The tool-use setting (docs/METHOD.md §5): harness, Qwen3 tool conversation, reset gate, judge."""
 
 import dataclasses
 import json

@@ -167,7 +167,7 @@ def test_benchmark_scripts_smoke(tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# Truncated importance sampling as the reference runs it (REFERENCE.md 1.8):
+# Truncated importance sampling as the reference runs it (docs/METHOD.md §1.8):
 # old_logps recomputed with the weights about to be updated (ratio 1), each
 # token weighted by w = min(pi_old / pi_sampler, 2).
 # ---------------------------------------------------------------------------

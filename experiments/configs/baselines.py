@@ -1,4 +1,4 @@
-r"""Baselines (REFERENCE §6-§7) in the SPADE loop: agent only, same GRPO, sampler and sandbox.
+r"""Baselines (docs/METHOD.md §6-§7) in the SPADE loop: agent only, same GRPO, sampler and sandbox.
 
   python -m launch.train --workdir=gs://BUCKET/runs/rlve_4b \
       --config=experiments/configs/baselines.py:kind=rlve,model=qwen3_4b_instruct_2507,mesh=v5p-64

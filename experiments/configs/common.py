@@ -30,7 +30,7 @@ SLICES = {"v5p-64": 32, "v5p-128": 64, "v5p-256": 128, "v6e-64": 64, "v4-64": 32
 # Experts per expert-parallel group for MoE models (the reference runs 30B-A3B with EP 8).
 EXPERT_PARALLEL = 8
 
-# The reference's sampling, optimiser and loss (REFERENCE §1, §6).
+# The reference's sampling, optimiser and loss (docs/METHOD.md §1, §6).
 SAMPLING = dict(temperature=0.6, top_p=0.95, top_k=20)
 HINT_SAMPLING = dict(temperature=0.3, top_p=0.95, top_k=20)
 OPTIMIZER = dict(name="adamw", learning_rate=1e-6, schedule="constant", weight_decay=0.1,
@@ -38,7 +38,7 @@ OPTIMIZER = dict(name="adamw", learning_rate=1e-6, schedule="constant", weight_d
 LOSS = dict(eps_low=0.2, eps_high=0.28, kl_estimator="k3", entropy_coef=0.0, tis_cap=2.0,
             aggregation="token_mean")
 
-# REFERENCE §6-§7: the baselines train the agent only, with no hinted plays, a new draw
+# docs/METHOD.md §6-§7: the baselines train the agent only, with no hinted plays, a new draw
 # of programs every iteration and no designer credit (so a one-iteration window).
 BASELINES = {
     "rlve": dict(num_envs=16, plays=16, kl=0.0),
@@ -61,7 +61,7 @@ EVAL = dict(suites="", every=0, at_start=False, limit=0, samples=0, max_new_toke
 # holds a held-out item; --config.audit.mode=drop leaves it out, =off checks nothing.
 AUDIT = dict(mode="flag", suites="", min_matches=1, hint_min_share=0.6, hint_min_actions=3)
 
-# REFERENCE §9: each ablation as the config change that makes it.
+# docs/METHOD.md §9: each ablation as the config change that makes it.
 ABLATIONS = {
     "": {},
     "no_corpus": {"selfplay.no_corpus": True},
@@ -121,7 +121,7 @@ def mesh_preset(mesh: str, moe: bool) -> dict:
 def recipe(a, *, setting: str, iterations: int, envs: int, plays: int, hinted: int,
            regen: int, kl: float, designer_tokens: int, doc_words: int,
            llm_validator: bool = False) -> ml_collections.ConfigDict:
-  """A SPADE recipe (REFERENCE §6) from its numbers and the parsed argument `a` (model,
+  """A SPADE recipe (docs/METHOD.md §6) from its numbers and the parsed argument `a` (model,
   mesh, ckpt, ablation, smoke); everything else is the paper's shared setting."""
   choose("ablation", a.ablation, ABLATIONS)
   import dataclasses  # pylint: disable=g-import-not-at-top

@@ -1,4 +1,4 @@
-r"""SPADE tool-use recipe (REFERENCE §6): Qwen3-4B, Qwen3-8B or Qwen3-30B-A3B.
+r"""SPADE tool-use recipe (docs/METHOD.md §6): Qwen3-4B, Qwen3-8B or Qwen3-30B-A3B.
 
   python -m launch.train --workdir=gs://BUCKET/runs/tools_8b \
       --config=experiments/configs/tool_use.py:model=qwen3_8b,mesh=v5p-64
@@ -12,7 +12,7 @@ import ml_collections
 from experiments.configs import common
 
 # Per model: rollouts, envs, plays, hinted plays, regeneration = credit delay, designer
-# tokens (REFERENCE §6); KL 0.005 for all.
+# tokens (docs/METHOD.md §6); KL 0.005 for all.
 MODELS = {
     "qwen3_4b": dict(iterations=500, envs=16, plays=16, hinted=4, regen=32,
                      designer_tokens=16_384),

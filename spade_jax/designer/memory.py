@@ -1,6 +1,6 @@
 """Environment memory: past programs with their verdicts and statistics.
 
-Kept as the reference keeps it (REFERENCE.md section 3): at most 200 valid records, first in
+Kept as the reference keeps it (docs/METHOD.md §3): at most 200 valid records, first in
 first out; a prompt shows 2 exemplars of the same skill whose win rate lies in [0.15, 0.85],
 drawn at random from the top ``max(3n, 10)`` by regret, and one negative of the same skill
 (win rate > 0.9 or < 0.1). One deliberate departure: records of invalid programs (with the
@@ -38,7 +38,7 @@ _V1_CONFIG_FIELDS = ("capacity", "eviction", "band_lo", "band_hi", "num_exemplar
 
 @dataclasses.dataclass(frozen=True)
 class MemoryConfig:
-  """Environment-memory settings (defaults: the reference's, REFERENCE.md section 3).
+  """Environment-memory settings (defaults: the reference's, docs/METHOD.md §3).
 
   "Win rate" below is a record's ``win_rate_nohint``: the fraction of unhinted plays with
   reward > 0.

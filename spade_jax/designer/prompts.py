@@ -114,7 +114,7 @@ def designer_prompt(setting: str, skill: str, document: Document | None = None,
 
   Sections, in order: head (task, skill and its description, difficulty "medium"), the
   document, the memory exemplars, the negative example, the interaction rules, the
-  contract, the output format. Only the document is ever cut (REFERENCE.md section 4):
+  contract, the output format. Only the document is ever cut (docs/METHOD.md §4):
 
   1. Exemplar and negative code is shown whole if the prompt without a document fits;
      otherwise every program is rendered under one shared character cap, as large as
@@ -137,7 +137,7 @@ def designer_prompt(setting: str, skill: str, document: Document | None = None,
     doc_words: word cap of the document; default the setting's ``doc_words``
       (6,000 games / 4,000 tool use).
     no_corpus: ablation switch; drops the document even if one is given.
-    domain: tool use: one of ``envs.TOOL_DOMAINS`` (REFERENCE §5 samples one per slot).
+    domain: tool use: one of ``envs.TOOL_DOMAINS`` (docs/METHOD.md §5 samples one per slot).
     task_type: tool use: one of ``envs.TOOL_TASK_TYPES``.
 
   Returns:
@@ -274,7 +274,7 @@ def hint_prompt(program: str, setting: str, max_chars: int = 24_000) -> str:
 
 
 def judge_prompt(program: str, setting: str, max_chars: int = 24_000) -> str:
-  """Asks the policy whether a tool-use program is sound (REFERENCE §5's LLM validator).
+  """Asks the policy whether a tool-use program is sound (docs/METHOD.md §5's LLM validator).
 
   The answer is the content of the reply's last ``\\boxed{}``: yes or no.
   """

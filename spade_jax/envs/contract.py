@@ -46,7 +46,7 @@ class Setting:
     doc_words: grounding documents are cut to this many words in the designer prompt
       (reference: 6,000 for games, 4,000 for tool use).
     tool_harness: programs define tools and tasks, and the tool-use harness
-      (template ``tool_harness``) provides ``step`` (REFERENCE §5).
+      (template ``tool_harness``) provides ``step`` (docs/METHOD.md §5).
   """
   name: str
   skills: dict[str, str]
@@ -187,7 +187,7 @@ COMMON_RULES = f"""\
   under {MAX_SOURCE_BYTES // 1024} KiB.
 - Random or do-nothing play must not solve the task; a careful player must be able to."""
 
-# REFERENCE §5: the tool-use designer prompt samples one domain and one task type per slot.
+# docs/METHOD.md §5: the tool-use designer prompt samples one domain and one task type per slot.
 TOOL_DOMAINS = (
     "online shop orders and returns", "personal banking", "travel booking",
     "calendar and meeting scheduling", "a file system", "email and contacts",

@@ -1,6 +1,6 @@
 """Starting env programs in the sandbox, with the tool-use harness where the setting has one.
 
-A tool-use program (REFERENCE §5) defines tools, tasks and criteria but no ``step``: the
+A tool-use program (docs/METHOD.md §5) defines tools, tasks and criteria but no ``step``: the
 harness (the template ``tool_harness`` of :mod:`spade_jax.envs.programs`) runs the
 conversation. Its source is appended to the program's and the combination is what the
 sandbox loads, so the harness runs in the same confined worker as the program it drives.

@@ -316,7 +316,7 @@ def _play(pool: EnvPool, handles: list[EnvHandle], cfg: ValidationConfig,
 
 
 def _reset_gate(resets) -> None:
-  """REFERENCE §5's reset gate for tool-use programs (criteria on the reset state)."""
+  """docs/METHOD.md §5's reset gate for tool-use programs (criteria on the reset state)."""
   for seed, res in resets:
     info = res.value[1]
     if info.get("gate_errors"):

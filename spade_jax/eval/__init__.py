@@ -1,4 +1,4 @@
-"""Held-out evaluation (REFERENCE §8): benchmark suites run through our sampler.
+"""Held-out evaluation (docs/METHOD.md §8): benchmark suites run through our sampler.
 
 Suites (:data:`SUITES`; each with a frozen config whose defaults are the paper's sampling):
 

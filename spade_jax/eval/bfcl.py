@@ -49,7 +49,7 @@ _IDS = itertools.count()
 
 @dataclasses.dataclass(frozen=True)
 class BFCLConfig(SuiteConfig):
-  """``bfcl``: greedy (T 0, REFERENCE §8), one conversation per entry (``samples`` each).
+  """``bfcl``: greedy (T 0, docs/METHOD.md §8), one conversation per entry (``samples`` each).
 
   Attributes:
     categories: which multi-turn categories (keys of :data:`CATEGORIES`).

@@ -87,7 +87,7 @@ class HumanEvalConfig(CodeConfig):
 
 @dataclasses.dataclass(frozen=True)
 class LiveCodeBenchConfig(CodeConfig):
-  """``livecodebench``: 1 sample at T 0.2 (REFERENCE §8).
+  """``livecodebench``: 1 sample at T 0.2 (docs/METHOD.md §8).
 
   Attributes:
     path: JSONL file(s): a file, directory or glob; "" reads ``livecodebench*.jsonl``

@@ -2,7 +2,7 @@
 
 A suite is a function ``run(policy, chat, cfg, *, pool, progress) -> SuiteResult`` registered
 in :data:`SUITES` under its name with its frozen config dataclass (a :class:`SuiteConfig`
-subclass whose defaults are the paper's sampling for that benchmark, REFERENCE §8). Scores
+subclass whose defaults are the paper's sampling for that benchmark, docs/METHOD.md §8). Scores
 are floats in [0, 1] named ``<metric>`` (flattened to ``<suite>/<metric>`` by
 :func:`run_suites`); records are one JSON-able dict per item.
 

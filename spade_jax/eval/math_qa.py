@@ -33,7 +33,7 @@ GPQA_FORMAT = ('{"Question": ..., "Correct Answer": ..., "Incorrect Answer 1": .
 
 @dataclasses.dataclass(frozen=True)
 class AIMEConfig(SuiteConfig):
-  """``aime``: 64 samples at T 1.0 (REFERENCE §8).
+  """``aime``: 64 samples at T 1.0 (docs/METHOD.md §8).
 
   Attributes:
     path: a JSONL file, a directory of them or a glob; "" reads ``aime*.jsonl`` under
@@ -50,7 +50,7 @@ class AIMEConfig(SuiteConfig):
 
 @dataclasses.dataclass(frozen=True)
 class GPQAConfig(SuiteConfig):
-  """``gpqa``: GPQA-Diamond, 8 samples at T 0.7 (REFERENCE §8).
+  """``gpqa``: GPQA-Diamond, 8 samples at T 0.7 (docs/METHOD.md §8).
 
   Attributes:
     path: the JSONL file; "" reads ``gpqa_diamond*.jsonl`` under ``data_dir``.

@@ -137,7 +137,7 @@ PROMPT = "{question}\n\nPut your final answer within \\boxed{{}}."
 
 @dataclasses.dataclass(frozen=True)
 class ReasoningGymConfig(SuiteConfig):
-  """``reasoning_gym``: 100 tasks x 8 episodes per group (REFERENCE §8).
+  """``reasoning_gym``: 100 tasks x 8 episodes per group (docs/METHOD.md §8).
 
   ``limit`` caps the tasks per group (it wins over ``tasks`` when smaller). Sampling is the
   agent's self-play sampling (T 0.6, top-p 0.95, top-k 20): the paper gives none.

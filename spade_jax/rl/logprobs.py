@@ -12,7 +12,7 @@ The head follows `spade_jax.models.logits_from_hidden` exactly (tied or untied
 `lm_head`, float32 logits), and the result equals
 `spade_jax.models.token_logprobs`.
 
-The policy trained is the one that sampled (REFERENCE §1.8): with a
+The policy trained is the one that sampled (docs/METHOD.md §1.8): with a
 `temperature` array the log-probs are of `log_softmax(logits / T)`, T per
 token (the temperature of the role that sampled the row), the same arithmetic
 as the sampler's recorded log-probs (`sampling.rules.token_logprob` of the

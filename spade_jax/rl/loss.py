@@ -8,7 +8,7 @@ One per-token objective covers the variants used by the trainer:
 * KL to a reference policy with a named estimator (k1 / k2 / k3).
 * Truncated importance sampling (TIS) against the sampler's log-probs, which
   corrects for the mismatch between the inference engine and the trainer and
-  for the staleness of delayed designer samples (REFERENCE.md section 1.8:
+  for the staleness of delayed designer samples (docs/METHOD.md §1.8:
   the trainer recomputes `old_logps` with the weights it is about to update,
   so the PPO ratio starts at 1 and every token is weighted by
   `min(pi_old / pi_sampler, 2)`; see `rl.TrainConfig.old_logps`).

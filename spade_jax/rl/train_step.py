@@ -10,7 +10,7 @@ in one batch still join the one optimizer update. Log-probs are computed in
 sequence chunks (`TrainConfig.logprob_chunk`), so [B, T, V] logits never exist.
 
 The PPO ratio's denominator (`TrainConfig.old_logps`). The reference
-(REFERENCE.md section 1.8) recomputes `old_logps` with the weights it is about
+(docs/METHOD.md §1.8) recomputes `old_logps` with the weights it is about
 to update and weights every token by `min(pi_old / pi_sampler, tis_cap)`,
 where `pi_sampler` are the log-probs recorded at sampling time
 (`sampler_logps`). With exactly one optimizer step per rollout, as here, the
@@ -373,7 +373,7 @@ class Trainer:
     return self.model_cfg.num_moe_layers > 0 and self.model_cfg.moe_capacity_factor > 0
 
   def _logps(self, params, mb, return_moe_dropped: bool = False):
-    # The tempered policy of each row's sampler (REFERENCE §1.8), reference
+    # The tempered policy of each row's sampler (docs/METHOD.md §1.8), reference
     # policy included.
     return chunked_token_logprobs(params, self.model_cfg, mb["tokens"],
                                   mb["positions"], mb["segment_ids"],

@@ -7,7 +7,7 @@ slot it occupies or which other rows share the batch. Log-probs returned with
 sampled tokens are of the tempered, untruncated policy
 `log_softmax(logits / temperature)` (`SamplingConfig.logprob_temperature`; the
 raw model for greedy rows): the policy the trainer differentiates
-(REFERENCE §1.8). Top-k / top-p / min-p truncation is left out on both sides;
+(docs/METHOD.md §1.8). Top-k / top-p / min-p truncation is left out on both sides;
 truncated importance sampling absorbs it.
 
 `SamplingConfig` is the user-facing rule: it composes, in this order,

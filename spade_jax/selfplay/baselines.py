@@ -1,4 +1,4 @@
-"""Where env programs come from: the designer (SPADE) or a baseline source (REFERENCE §7).
+"""Where env programs come from: the designer (SPADE) or a baseline source (docs/METHOD.md §7).
 
 ``selfplay.env_source`` names an entry of :data:`ENV_SOURCES`:
 
@@ -161,7 +161,7 @@ def _read_jsonl(path: epath.Path, key: str) -> dict[str, str]:
 
 
 class StaticPool:
-  """Pre-written programs drawn without replacement (REFERENCE §7's static pool).
+  """Pre-written programs drawn without replacement (docs/METHOD.md §7's static pool).
 
   Each epoch is a permutation of the valid programs (``fold(seed, epoch)``); draws take
   the next programs of it and a new epoch starts, reshuffled, when it runs out (a pool
@@ -255,7 +255,7 @@ class StaticPool:
 
 
 class RLVESource:
-  """Reasoning-gym problems under the RLVE difficulty controller (REFERENCE §7).
+  """Reasoning-gym problems under the RLVE difficulty controller (docs/METHOD.md §7).
 
   Each slot's problem: a family drawn uniformly, a level uniformly from its window, a
   problem seed, all from ``(seed, iteration, slot)``; the slot's plays share the problem.

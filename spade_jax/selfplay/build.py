@@ -92,7 +92,7 @@ RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "moe_i
                   "moe_capacity_factor", "attention", "decode_attention",
                   "max_position_embeddings")
 
-# The reference's sampling per role (REFERENCE §1): T 0.6 / top-p 0.95 / top-k 20 for the
+# The reference's sampling per role (docs/METHOD.md §1): T 0.6 / top-p 0.95 / top-k 20 for the
 # designer and the agent, T 0.3 for the hint writer.
 ROLE_SAMPLING = {
     "sampling": {"temperature": 0.6, "top_p": 0.95, "top_k": 20},

@@ -50,7 +50,7 @@ class SelfPlayConfig:
       plays) whose terminal outcomes are all equal (DAPO; counted in
       `agent/uniform_groups_dropped`); they still count in win rates and regret.
     llm_validator: the policy judges each program that passed validation and rejects
-      those it answers `\\boxed{no}` for (reason "judge"; REFERENCE §5, tool use).
+      those it answers `\\boxed{no}` for (reason "judge"; docs/METHOD.md §5, tool use).
     judge_tokens: new tokens of a judgement.
     designer_thinking: the designer and hint writer's chat prefix lets the model think
       (False: Qwen3's non-thinking mode, an empty think block in front of each turn).

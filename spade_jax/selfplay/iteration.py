@@ -12,7 +12,7 @@ The run's contamination `Auditor` (`selfplay.audit`; default: off) is handed to 
 that check the data path (design, play with its hints, and credit, which writes each
 sample's flags into its record); their `audit/*` counts and `time/audit` add up.
 
-Per REFERENCE §1, at a regeneration (`it % regen_every == 0`) every slot gets a new
+Per docs/METHOD.md §1, at a regeneration (`it % regen_every == 0`) every slot gets a new
 designer program for one of `skills_per_regen` skills chosen round-robin; a sample that
 fails validation is resampled up to `designer_resamples` times; the policy reads each
 program and writes a hint (its own sampling); hinted plays happen at the regeneration step

@@ -9,7 +9,7 @@ compiles each once however many envs were valid:
   estimator ``RewardConfig.advantage`` of ``spade_jax.rl.ADVANTAGE_ESTIMATORS``);
 * :func:`credit` (when a cohort of designer samples is due): each sample's reward.
 
-Notation per slot (REFERENCE §2): ``Rh`` mean hinted reward and ``Rn0`` mean unhinted reward
+Notation per slot (docs/METHOD.md §2): ``Rh`` mean hinted reward and ``Rn0`` mean unhinted reward
 at the regeneration step, ``w`` mean unhinted episode reward over the credit window,
 ``plateau(w)`` = 1 on ``[plateau_lo, plateau_hi]``, else ``max(0, 1 - d / plateau_width)``
 with ``d`` the distance to the band. Variants (:data:`VARIANTS`; ``VARIANTS.register(name)``

@@ -1,4 +1,4 @@
-r"""The RLVE-style baseline (REFERENCE §7): procedural tasks under a difficulty controller.
+r"""The RLVE-style baseline (docs/METHOD.md §7): procedural tasks under a difficulty controller.
 
 Task families are reasoning-gym datasets with a curriculum (difficulty knobs). Per family
 the :class:`DifficultyController` keeps a window ``[l, h]`` of levels; a problem draws its
@@ -35,7 +35,7 @@ from spade_jax.eval.answers import scoring_source
 from spade_jax.eval.procedural import check_family, generate, held_out_tasks, max_level
 from spade_jax.eval.rgym import PROMPT
 
-# 16 families, as the reference ships 16 (REFERENCE §7): reasoning-gym datasets with a
+# 16 families, as the reference ships 16 (docs/METHOD.md §7): reasoning-gym datasets with a
 # curriculum, the default exact-match scorer, an answer on one line without trailing
 # spaces or braces, and questions of at most a few thousand characters at every level.
 DEFAULT_FAMILIES = (
@@ -127,7 +127,7 @@ class FamilyWindow:
 
 
 class DifficultyController:
-  """Per-family difficulty windows ``[l, h]`` moved by accuracy at ``h`` (REFERENCE §7).
+  """Per-family difficulty windows ``[l, h]`` moved by accuracy at ``h`` (docs/METHOD.md §7).
 
   Args:
     max_levels: family -> its hardest level (``h`` stops there).

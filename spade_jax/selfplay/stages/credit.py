@@ -3,7 +3,7 @@
 `rewards.compute_rewards` turns the buffer into per-slot statistics, designer values and
 the agent's advantages. A designer program whose env failed in the sandbox is marked on
 its pending sample (its failure kind and this iteration's raw score) and blacklisted
-(REFERENCE §2: its slot plays a built-in program, or nothing, from the next iteration).
+(docs/METHOD.md §2: its slot plays a built-in program, or nothing, from the next iteration).
 The cohort of designer samples whose credit window ends now is credited together
 (`rewards.credit`): each leaves a sample record, a played one a record in the environment
 memory, and those credited go to the batch as designer rows. Each slot's counted
@@ -118,7 +118,7 @@ class Credit:
     return host.replace(pending=pending), slots
 
   def _blacklist(self, host: HostState, slots: list[int], it: int) -> HostState:
-    """Failed designer programs are not played again (REFERENCE §2: blacklisted)."""
+    """Failed designer programs are not played again (docs/METHOD.md §2: blacklisted)."""
     fill = self.cfg.fill_from_pool
     return host.with_slots({e: Slot.from_pool(self.pool_programs, e, it + 1) if fill
                             else Slot() for e in slots})

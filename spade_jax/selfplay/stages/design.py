@@ -1,7 +1,7 @@
 """The design stage: at a regeneration every slot gets a new program.
 
-`Design` (SPADE, REFERENCE §1): the policy writes one program per slot for one of the
-regeneration's skills; a program that fails validation (or the LLM judge, REFERENCE §5)
+`Design` (SPADE, docs/METHOD.md §1): the policy writes one program per slot for one of the
+regeneration's skills; a program that fails validation (or the LLM judge, docs/METHOD.md §5)
 is resampled up to `designer_resamples` times; every sample joins the pending designer
 samples, to be credited later; a slot left without a valid program plays a built-in one
 (`fill_from_pool`). The run's contamination `Auditor` scores each drawn document and
@@ -38,7 +38,7 @@ Policy = Callable[[int, str], Any]  # (iteration, role) -> a sampler
 
 def regen_skills(skills: tuple[str, ...], per_regen: int, regen: int,
                  num_envs: int) -> list[str]:
-  """Each slot's skill at regeneration number `regen` (REFERENCE §1.1).
+  """Each slot's skill at regeneration number `regen` (docs/METHOD.md §1.1).
 
   `per_regen` skills (0: all) are chosen round-robin, so successive regenerations cover
   every skill, and the slots are dealt among them in turn: 24 envs and 3 of 6 skills give
@@ -51,7 +51,7 @@ def regen_skills(skills: tuple[str, ...], per_regen: int, regen: int,
 
 def judge(cfg: SelfPlayConfig, roles: Roles, policy: Policy, it: int, attempt: int,
           verdicts: list) -> tuple[list, int]:
-  """REFERENCE §5's LLM validator: the policy judges each valid program (hint sampling);
+  """docs/METHOD.md §5's LLM validator: the policy judges each valid program (hint sampling);
   a `\\boxed{no}` (or no verdict) rejects it with reason "judge".
 
   Returns:
@@ -123,7 +123,7 @@ class Design:
       drawn.append(doc)
       notes.append(doc_notes)
       tool_kw = {}
-      if self.setting.tool_harness:  # REFERENCE §5: a domain and a task type per slot
+      if self.setting.tool_harness:  # docs/METHOD.md §5: a domain and a task type per slot
         pick = seed(it, e, 3)
         tool_kw = dict(domain=envs.TOOL_DOMAINS[pick % len(envs.TOOL_DOMAINS)],
                        task_type=list(envs.TOOL_TASK_TYPES)[(pick >> 8)

@@ -1,4 +1,4 @@
-"""The hint stage: what the hinted plays are told (REFERENCE §1.4).
+"""The hint stage: what the hinted plays are told (docs/METHOD.md §1.4).
 
 `write_hints`: at a regeneration the policy reads each new program and writes its hint
 (`hint_source="policy"`; its own sampling, the hint role). `episode_hints`: the hint each

@@ -1,4 +1,4 @@
-"""The tool-use harness: the `step()` of every tool-use env program (REFERENCE §5).
+"""The tool-use harness: the `step()` of every tool-use env program (docs/METHOD.md §5).
 
 This file is not imported by the library: :mod:`spade_jax.envs.tools` appends its text to
 a designer's tool-use program, and the combination runs only inside a sandbox worker. It

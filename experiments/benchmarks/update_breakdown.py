@@ -7,7 +7,7 @@ r"""Where the learning recipe's update spends its time, beside torch.
 Our side: random weights of the `smollm2_135m_instruct` architecture (float32; no
 GGUF file needed) and the learning recipe's (`experiments/configs/learn.py`) model,
 train, loss and optimizer sections on one CPU device: its packed batch of 8 rows x 160
-tokens, each row two plays of a 44-token prompt and 32 completion tokens sampled at
+tokens, each row two plays of a 37-token prompt and 32 completion tokens sampled at
 T 0.7 (16 plays, as 2 problems x 8 plays). Each variant is timed three ways, each the
 jitted program on its own:
 
@@ -21,9 +21,10 @@ All variants share one train state (the same parameter tree and shardings), so
 memory does not grow with them.
 
 Torch side (`--torch`): transformers' `LlamaForCausalLM` of the same shape, as TRL's
-GRPOTrainer lays the batch out: 16 unpacked rows of 76 tokens, logits of the
-completion positions only (`logits_to_keep`), tempered log-softmax, the token-mean
-GRPO loss (one update per generation: ratio exp(logp - stop_gradient(logp))), AdamW.
+GRPOTrainer lays the batch out: 16 unpacked rows of 69 tokens (about the ~1,100
+positions TRL pads the recipe's plays to), logits of the completion positions only
+(`logits_to_keep`), tempered log-softmax, the token-mean GRPO loss (one update per
+generation: ratio exp(logp - stop_gradient(logp))), gradient clip, AdamW.
 
 Rounds interleave every variant (and torch) so that load on a shared machine hits
 them alike; medians over rounds are printed, then each variant's step against the
@@ -46,7 +47,7 @@ _TORCH = flags.DEFINE_bool("torch", True, "Also time transformers' LlamaForCausa
 _PARTS = flags.DEFINE_list("parts", ["forward", "fwd_bwd", "step"],
                            "Which programs to time.")
 
-ROWS, SEQ, PROMPT, COMPLETION = 8, 160, 44, 32
+ROWS, SEQ, PROMPT, COMPLETION = 8, 160, 37, 32
 PLAYS = 16
 
 # Named variants: settings over the recipe's ("before": the gated MLP differentiated

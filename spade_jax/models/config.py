@@ -79,10 +79,13 @@ class ModelConfig:
       elsewhere the block walk), "blocks" (the block walk for every cache
       longer than one block), "dot" (as "auto" with dot-product scores) or
       "whole" (the whole cache every step, no block loop).
-    mlp_grad: backward pass of the dense SwiGLU MLP: "autodiff" (JAX
-      differentiates the forward) or "manual" (`qwen3.gated_mlp`'s
-      hand-written VJP: same forward, same gradients to float rounding,
-      weight gradients as flattened [tokens, in]^T @ [tokens, out] products).
+    mlp_grad: backward pass of the dense SwiGLU MLP: "manual" (the default,
+      `qwen3.gated_mlp`'s hand-written VJP: the same forward, the same
+      gradients to float rounding, weight gradients as flattened
+      [tokens, in]^T @ [tokens, out] products; about 0.8x autodiff's time for
+      the MLP's forward + backward on CPU, experiments/benchmarks/mlp_vjp.py)
+      or "autodiff" (JAX differentiates the forward; also the path for
+      forward-mode differentiation, which a custom VJP does not support).
   """
 
   vocab_size: int = 259
@@ -111,7 +114,7 @@ class ModelConfig:
   scan_layers: bool = True
   attention: str = "auto"
   decode_attention: str = "auto"
-  mlp_grad: str = "autodiff"
+  mlp_grad: str = "manual"
 
   def __post_init__(self):
     # Config files may hand lists; keep the dataclass hashable.

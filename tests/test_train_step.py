@@ -276,6 +276,44 @@ def test_recompute_equals_sampler_when_sampler_is_current_policy():
     np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_recompute_is_the_same_forward_as_a_separate_recompute():
+  """`old_logps="recompute"` takes the old log-probs from the gradient's own forward
+  (one policy forward per step, `test_kl_reference_only_traced_when_used`). With one
+  update per batch that equals the reference's separate recompute: a forward of the
+  same weights without gradient, then the loss against it."""
+  from spade_jax.rl import loss as loss_lib
+  mesh = parallel.make_mesh(parallel.MeshConfig(), jax.devices()[:1])
+  loss_cfg = LossConfig()
+  tr = Trainer(CFG, TrainConfig(B, T, logprob_chunk=16), loss_cfg, OptimizerConfig(),
+               mesh, parallel.RULE_SETS["fsdp"])
+  params = tr.init_state(jax.random.key(0)).params
+  mb = tr._put(_batch())
+  (f_loss, (f_den, f_sums)), f_grad = jax.jit(
+      jax.value_and_grad(tr._micro_terms, has_aux=True))(params, None, mb)
+  old = jax.jit(tr._logps)(params, mb)  # its own program: no gradient, no fusion
+
+  def separate(p):
+    s, d, m = loss_lib.grpo_loss_terms(
+        tr._logps(p, mb), old, mb["advantages"], mb["loss_mask"],
+        sampler_logps=mb["sampler_logps"], segment_ids=mb["segment_ids"],
+        config=loss_cfg)
+    return s, (d, m)
+
+  (s_loss, (s_den, s_sums)), s_grad = jax.jit(
+      jax.value_and_grad(separate, has_aux=True))(params)
+  np.testing.assert_allclose(f_loss, s_loss, rtol=1e-6)
+  assert f_den == s_den
+  assert set(s_sums) <= set(f_sums)
+  for k in s_sums:
+    np.testing.assert_allclose(f_sums[k], s_sums[k], rtol=1e-5, atol=1e-6, err_msg=k)
+  assert 0 < f_sums["tis_capped_count"] < f_sums["token_count"]  # the weights bite
+  for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(f_grad),
+                          jax.tree.leaves(s_grad)):
+    # Float rounding of two differently fused programs: 1e-5 of the leaf's scale.
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * np.max(np.abs(b)),
+                               err_msg=jax.tree_util.keystr(path))
+
+
 def test_step_reports_drift_metrics(single):
   m = single[1]
   for k in ("tis_weight_mean", "tis_weight_min", "tis_weight_max", "tis_capped_frac",

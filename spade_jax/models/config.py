@@ -20,6 +20,7 @@ REMAT_POLICIES = names("none", "full", "dots", "dots_no_batch", kind="remat poli
                        field="model.remat")
 MOE_IMPLS = names("auto", "ragged", "blocked", kind="MoE implementation",
                   field="model.moe_impl")
+MLP_GRADS = names("autodiff", "manual", kind="MLP backward pass", field="model.mlp_grad")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,13 @@ class ModelConfig:
       elsewhere the block walk), "blocks" (the block walk for every cache
       longer than one block), "dot" (as "auto" with dot-product scores) or
       "whole" (the whole cache every step, no block loop).
+    mlp_grad: backward pass of the dense SwiGLU MLP: "manual" (the default,
+      `qwen3.gated_mlp`'s hand-written VJP: the same forward, the same
+      gradients to float rounding, weight gradients as flattened
+      [tokens, in]^T @ [tokens, out] products; about 0.8x autodiff's time for
+      the MLP's forward + backward on CPU, experiments/benchmarks/mlp_vjp.py)
+      or "autodiff" (JAX differentiates the forward; also the path for
+      forward-mode differentiation, which a custom VJP does not support).
   """
 
   vocab_size: int = 259
@@ -106,6 +114,7 @@ class ModelConfig:
   scan_layers: bool = True
   attention: str = "auto"
   decode_attention: str = "auto"
+  mlp_grad: str = "manual"
 
   def __post_init__(self):
     # Config files may hand lists; keep the dataclass hashable.
@@ -121,6 +130,7 @@ class ModelConfig:
     MOE_IMPLS.check(self.moe_impl)
     ATTENTION.check(self.attention)
     DECODE_ATTENTION.check(self.decode_attention)
+    MLP_GRADS.check(self.mlp_grad)
     if not self.moe_capacity_factor >= 0:
       raise ValueError(f"moe_capacity_factor={self.moe_capacity_factor} must be >= 0 "
                        "(0 never drops tokens).")

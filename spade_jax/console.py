@@ -7,7 +7,7 @@ Every launcher (`launch/*.py`) ends in :func:`run`, which stands in for absl's `
   for the person (progress, summaries; on stdout) and warnings. `--verbosity=0` brings back
   the INFO logs: orbax's checkpoint chatter, the sampler's compile lines, and the output that
   :func:`hushed` holds back (tfds building the embedded corpus, TensorFlow's native start-up
-  lines).
+  lines, JAX's warnings about failed compilation-cache writes).
 * **Bad input** ends the program with one line on stderr, `<launcher>: <message>`, and exit
   status 2 instead of a traceback. Bad input is:
 
@@ -36,6 +36,7 @@ import os
 import re
 import sys
 import tempfile
+import warnings
 from typing import Any, Callable, Iterator
 
 from absl import app
@@ -248,6 +249,10 @@ def _parse_flags(prog: str, argv: list[str]) -> list[str]:
     # app.run would raise it to INFO; set, it stays at absl's own default (WARNING).
     FLAGS.verbosity = -1
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # Runs that share a compilation cache race on its eviction timestamps; a failed cache
+    # write only costs a later compile, so JAX's warning about it is chatter here.
+    warnings.filterwarnings("ignore", message="Error writing persistent compilation cache",
+                            category=UserWarning)
   return rest
 
 

@@ -222,7 +222,7 @@ def test_no_false_positives_on_programs_and_corpus(auditor):
   for doc_id, text in docs:
     note = auditor.document(text)
     flagged += [(doc_id, note)] if note.flagged else []
-  assert programs == 8 + 10 * NUM_LEVELS * 2 and len(docs) > 100
+  assert programs == 8 + len(seen_families()) * NUM_LEVELS * 2 and len(docs) > 100
   assert not flagged, flagged
   # The held-out family's own program is held out.
   note = auditor.program(FAMILIES[HELD_OUT].program_at(2))
@@ -255,7 +255,7 @@ def test_no_false_positives_on_plays(auditor, pool):
     finally:
       pool.release(handles)
   print(f"\nplays {played}, hints {hints}, solution leaks {leaks}")
-  assert played == 2 * (4 + 10 * NUM_LEVELS)
+  assert played == 2 * (4 + len(seen_families()) * NUM_LEVELS)
   assert not flagged, flagged
 
 

@@ -99,3 +99,13 @@ def test_forward_unchanged_and_bad_name():
   np.testing.assert_array_equal(got, want)
   with pytest.raises(UnknownNameError, match="model.mlp_grad"):
     ModelConfig(mlp_grad="manul")
+
+
+def test_mlp_grad_is_a_runtime_setting_over_a_checkpoint():
+  """A run that starts from a checkpoint may choose the MLP's gradient (switch back)."""
+  from experiments.configs import games  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay import build  # pylint: disable=g-import-not-at-top
+  c = games.get_config("smoke")
+  assert build.resolve(c).model.mlp_grad == "manual"
+  c.model.mlp_grad = "autodiff"
+  assert build.resolve(c).model.mlp_grad == "autodiff"

@@ -90,7 +90,7 @@ SECTIONS = {
 # Model fields that say how to run a checkpoint rather than what it is.
 RUNTIME_FIELDS = ("param_dtype", "compute_dtype", "remat", "scan_layers", "moe_impl",
                   "moe_capacity_factor", "attention", "decode_attention",
-                  "max_position_embeddings")
+                  "max_position_embeddings", "mlp_grad")
 
 # The reference's sampling per role (docs/METHOD.md §1): T 0.6 / top-p 0.95 / top-k 20 for the
 # designer and the agent, T 0.3 for the hint writer.

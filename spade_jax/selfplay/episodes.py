@@ -224,9 +224,12 @@ def _step_results(episodes, chat, idx, results, max_turn_tokens, max_len):
       ep.outcome = "context"
       continue
     _extend(ep, nxt, False)
-    ep.observations += ([str(r["content"]) for r in info["tool_results"]]
-                        + ([str(info["user"])] if info.get("user") else [])
-                        if "tool_results" in info else [str(obs)])
+    if "tool_results" in info:  # tool use: each tool's answer, then the user's words
+      ep.observations += [str(r["content"]) for r in info["tool_results"]]
+      if info.get("user"):
+        ep.observations.append(str(info["user"]))
+    else:
+      ep.observations.append(str(obs))
     cont[i] = nxt
   return cont
 

@@ -272,3 +272,25 @@ def test_no_library_file_over_600_lines():
   long = {str(p.relative_to(ROOT)): n for p in ROOT.rglob("*.py")
           if (n := len(p.read_text().splitlines())) > 600}
   assert not long, long
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".gguf", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".npz",
+                   ".h5", ".onnx")
+
+
+def _tracked_files() -> list[pathlib.Path]:
+  import subprocess  # pylint: disable=g-import-not-at-top
+  repo = ROOT.parent
+  if not (repo / ".git").exists():
+    pytest.skip("not a git checkout")
+  out = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True, check=True)
+  return [repo / p for p in out.stdout.decode().split("\0") if p]
+
+
+def test_no_model_weights_are_tracked():
+  """Weights and run state live in the cache (rebuilt by a command), never in git."""
+  files = _tracked_files()
+  weights = [str(p) for p in files if p.suffix in WEIGHT_SUFFIXES]
+  big = [f"{p} ({p.stat().st_size} bytes)" for p in files
+         if p.is_file() and p.stat().st_size > 2 * 1024 * 1024]
+  assert not weights and not big, (weights, big)

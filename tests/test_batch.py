@@ -151,3 +151,124 @@ def test_overflow_batches_make_one_update_equal_to_one_big_batch(opt):
     np.testing.assert_allclose(m_multi[k], v, **tol, err_msg=k)
   for a, b in zip(jax.tree.leaves(p_multi), jax.tree.leaves(p_one)):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+
+
+def _plays(rng, prompts, per, role="agent", lo=4, hi=12, temperature=0.7):
+  """`per` plays of each prompt: the prompt untrained, a sampled continuation trained."""
+  rows = []
+  for p in prompts:
+    for _ in range(per):
+      n = int(rng.integers(lo, hi))
+      rows.append(Row(list(p) + list(rng.integers(3, 259, n)), [False] * len(p) + [True] * n,
+                      [0.0] * len(p) + list(rng.uniform(-6, -4, n)), float(rng.normal()),
+                      role, temperature))
+  return rows
+
+
+def test_shared_prompt_layout():
+  """Three plays of one 6-token prompt: the prompt once, then each remainder from its last token."""
+  p = [20, 21, 22, 23, 24, 25]
+  rows = [Row(p + c, [False] * 6 + [True] * len(c), [0.0] * 6 + [-1.0] * len(c), a, "agent", 0.7)
+          for c, a in (([30, 31], 1.0), ([40, 41, 42], -1.0), ([50], 0.5))]
+  (out,), stats = build_batches(rows, 1, 32, share_prefix=4)
+  # Prompt ids 0..4 once (segment -1), then [25, c...] per play (segments 2, 3, 4).
+  np.testing.assert_array_equal(out["tokens"][0, :17], p[:5] + [25, 30, 31, 25, 40, 41, 42, 25, 50]
+                                + [0] * 3)
+  np.testing.assert_array_equal(out["segment_ids"][0, :15],
+                                [-1] * 5 + [2] * 3 + [3] * 4 + [4] * 2 + [0])
+  np.testing.assert_array_equal(out["prefix_ids"][0, :15], [0] * 5 + [-1] * 9 + [0])
+  np.testing.assert_array_equal(out["positions"][0, :14],
+                                [0, 1, 2, 3, 4, 5, 6, 7, 5, 6, 7, 8, 5, 6])
+  np.testing.assert_array_equal(out["loss_mask"][0, :14], [False] * 6 + [True] * 2 + [False]
+                                + [True] * 3 + [False, True])
+  np.testing.assert_array_equal(out["advantages"][0, 5:14], [1.0] * 3 + [-1.0] * 4 + [0.5] * 2)
+  assert stats["batch/shared_tokens"] == 10 and stats["batch/rows"] == 3
+  assert stats["batch/loss_tokens"] == 6
+  # Off, or prompts shorter than asked: every sequence whole.
+  for share in (0, 6):
+    (plain,), s = build_batches(rows, 1, 32, share_prefix=share)
+    assert (plain["prefix_ids"] == 0).all() and s["batch/shared_tokens"] == 0
+    assert (plain["segment_ids"] > 0).sum() == 24
+
+
+def test_shared_prompts_only_join_what_fits_and_matches():
+  rng = np.random.default_rng(3)
+  a, b = list(rng.integers(3, 259, 20)), list(rng.integers(3, 259, 20))
+  rows = _plays(rng, [a], 3) + _plays(rng, [b], 2)
+  rows.append(Row(a + [7, 8], [False] * 22, [0.0] * 22, 0.0, "agent"))  # a's prompt, no run before
+  (out,), stats = build_batches(rows, 4, 64, share_prefix=8)
+  seg, pre = out["segment_ids"], out["prefix_ids"]
+  # a's plays share, b's plays share, the last row follows b's: whole.
+  assert sum(len(np.unique(r[r < 0])) for r in seg) == 2 and (seg < 0).sum() == 38
+  assert stats["batch/shared_tokens"] == 19 * 2 + 19 * 1
+  # A unit never crosses a row, and remainders only name a prompt in their own row.
+  for r in range(4):
+    names = set(pre[r][pre[r] != 0].tolist())
+    assert names <= set(seg[r][seg[r] < 0].tolist())
+  # A too-small row splits the plays into units that fit.
+  batches, stats = build_batches(_plays(rng, [a], 6, lo=10, hi=11), 8, 64, share_prefix=8)
+  assert all(((b["segment_ids"] != 0).sum(axis=1) <= 64).all() for b in batches)
+  assert stats["batch/shared_tokens"] > 0 and stats["batch/rows_used"] == 2
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "dr_grpo"])
+def test_shared_prompt_update_equals_whole_sequences(aggregation):
+  """Plays packed with their prompt once give the update of the same plays laid out whole:
+  per-token log-probs, loss, metrics and params."""
+  rng = np.random.default_rng(0)
+  prompts = [list(rng.integers(3, 259, n)) for n in (17, 23)]
+  rows = _plays(rng, prompts[:1], 4, role="designer", temperature=1.0) + _plays(rng, prompts, 3)
+  # A multi-turn play: trained turn, untrained observation, trained turn.
+  rows.append(Row(prompts[1] + [5, 6, 7, 8, 9, 10], [False] * 23 + [True, True, False, False,
+                                                                    True, True],
+                  [0.0] * 23 + [-5.0] * 6, 0.3, "agent", 0.7))
+  cfg = get_preset("tiny")
+  mesh = parallel.make_mesh(parallel.MeshConfig(), jax.devices()[:1])
+  loss = LossConfig(aggregation=aggregation, dr_grpo_norm=64)
+  opt = OptimizerConfig(name="sgd", learning_rate=1.0, grad_clip=0.0)
+  results = []
+  for b, share in ((11, 0), (2, 8)):
+    # Whole: one per row, in order (so trained tokens flatten in the same order).
+    (batch,), stats = build_batches(rows, b, 128, pack=bool(share), share_prefix=share)
+    assert stats["batch/rows"] == 11
+    if share:
+      assert stats["batch/shared_tokens"] == 16 * 6 + 22 * 3  # designer + agent plays of a
+    tr = Trainer(cfg, TrainConfig(b, 128, logprob_chunk=32, share_prefix=share), loss, opt,
+                 mesh, parallel.RULE_SETS["fsdp"])
+    logps = jax.device_get(tr._logps(tr.init_state(jax.random.key(0)).params,
+                                     tr._put(batch)))
+    state, m = tr.step(tr.init_state(jax.random.key(0)), batch)
+    results.append((batch, logps, jax.device_get(state.params), jax.device_get(m)))
+  (b1, l1, p1, m1), (b2, l2, p2, m2) = results
+  # The trained tokens' log-probs, in order, are the same in both layouts.
+  np.testing.assert_allclose(l2[b2["loss_mask"]], l1[b1["loss_mask"]], atol=2e-5)
+  assert m1["token_count"] == m2["token_count"]
+  for k in ("loss", "designer_tokens", "agent_tokens", "grad_norm", "agent_logp_gap_mean"):
+    np.testing.assert_allclose(m2[k], m1[k], rtol=2e-5, atol=1e-6, err_msg=k)
+  for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(p1)):
+    np.testing.assert_allclose(a, b, atol=2e-6)
+
+
+def test_share_prefix_must_not_be_negative():
+  with pytest.raises(ValueError, match="share_prefix"):
+    TrainConfig(share_prefix=-1)
+  with pytest.raises(ValueError, match="share_prefix"):
+    build_batches([], 1, 8, share_prefix=-1)
+
+
+def test_resume_accepts_a_new_setting_at_its_default(tmp_path):
+  """A workdir begun before `train.share_prefix` existed resumes while the rerun keeps the
+  default; another value, or any other changed key, is refused."""
+  import json  # pylint: disable=g-import-not-at-top
+  import ml_collections  # pylint: disable=g-import-not-at-top
+  from spade_jax.selfplay.loop import check_config  # pylint: disable=g-import-not-at-top
+  from etils import epath  # pylint: disable=g-import-not-at-top
+  old = {"seed": 0, "train": {"batch_size": 8}}
+  (tmp_path / "config.json").write_text(json.dumps({"seed": 0, "train.batch_size": 8}))
+  new = ml_collections.ConfigDict(old)
+  new.train.share_prefix = TrainConfig().share_prefix
+  check_config(new, epath.Path(tmp_path))  # the default: same run
+  (tmp_path / "config.json").write_text(json.dumps({"seed": 0, "train.batch_size": 8}))
+  new.train.share_prefix = 0
+  with pytest.raises(ValueError, match="train.share_prefix"):
+    check_config(new, epath.Path(tmp_path))

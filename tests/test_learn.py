@@ -124,6 +124,7 @@ def test_learn_smoke_runs_from_smollm2(tmp_path):
   assert rows[0]["step"] == 0 and "eval/procedural/lenient" in rows[0]   # before training
   assert rows[-1]["step"] == 2 and "eval/procedural/strict" in rows[-1]   # after
   assert last["batch/agent_rows"] == config.selfplay.num_envs * config.selfplay.plays
+  assert last["batch/shared_tokens"] > 0   # each problem's plays share its prompt
   # The trained policy is the one that sampled: no gap beyond float32 rounding.
   assert last["train/agent_logp_gap_max"] < 1e-3
   assert last["train/agent_tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)

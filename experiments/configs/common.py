@@ -143,7 +143,7 @@ def recipe(a, *, setting: str, iterations: int, envs: int, plays: int, hinted: i
   # that accumulate into the same update.
   devices = SLICES.get(a.mesh, 8)
   c.train = dict(batch_size=4 * devices, seq_len=32_768, num_microbatches=4,
-                 logprob_chunk=1024, old_logps="recompute")
+                 logprob_chunk=1024, old_logps="recompute", share_prefix=16)
   c.loss = dict(LOSS, kl_coef=kl)
   c.optimizer = dict(OPTIMIZER)
   c.sampling = dict(SAMPLING)
@@ -243,7 +243,7 @@ def smoke(c: ml_collections.ConfigDict, moe: bool = False) -> None:
   c.model = dict(init_from="hf:" + tiny_hf_checkpoint(moe))
   c.tokenizer = ""
   c.mesh = mesh_preset("cpu", moe)
-  c.train = dict(batch_size=8, seq_len=1536, num_microbatches=1)
+  c.train = dict(batch_size=8, seq_len=1536, num_microbatches=1, share_prefix=16)
   c.optimizer.learning_rate = 1e-4
   s = c.selfplay
   s.num_envs, s.plays, s.hinted_plays, s.max_turns = 2, 2, 2, 2

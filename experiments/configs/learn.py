@@ -63,9 +63,11 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Parameters and optimizer state sharded over every device (one copy in all), so
   # several (e.g. virtual) CPU devices do not each hold the whole 135M model.
   c.mesh = dict(data=1, fsdp=-1, tensor=1, expert=1, rules="fsdp")
-  # 16 plays of at most ~70 tokens (prompt + 32) pack two to a row: 8 rows of 160.
-  c.train = dict(batch_size=8, seq_len=160, num_microbatches=1, logprob_chunk=160,
-                 old_logps="recompute")
+  # Each problem's 8 plays share their ~37-token prompt: packed as the prompt once and the
+  # 8 continuations after it (train.share_prefix), a problem fills one row of at most
+  # 37 + 8 x 33 tokens, so the 2 problems take 2 rows of 320.
+  c.train = dict(batch_size=2, seq_len=320, num_microbatches=1, logprob_chunk=320,
+                 old_logps="recompute", share_prefix=16)
   c.loss = dict(common.LOSS, kl_coef=0.0)
   c.optimizer = dict(common.OPTIMIZER, learning_rate=a.lr)
   sampling = dict(temperature=a.temperature, top_p=1.0, top_k=0)
@@ -91,6 +93,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   if a.smoke:
     c.iterations = 2
     c.eval.every = 0
+    # A batch row per device of the test suite's 8 (virtual) CPU devices.
+    c.train.batch_size, c.train.seq_len, c.train.logprob_chunk = 8, 160, 160
     if "procedural" in c.eval.overrides:
       c.eval.overrides.procedural.items = 4
       c.rlve.held_out_items = 4
@@ -126,7 +130,7 @@ def _game(c: ml_collections.ConfigDict, a) -> None:
   c.selfplay.agent_turn_tokens = max(a.tokens, 48)
   c.static_pool = dict(path=game_pool(name, a.level), key="", validate=True)
   # Multi-turn transcripts: one play per row of 1,024 tokens.
-  c.train.seq_len, c.train.logprob_chunk = 1024, 256
+  c.train.batch_size, c.train.seq_len, c.train.logprob_chunk = 8, 1024, 256
   c.eval.overrides = dict(families=dict(
       families=f"{name}:{a.level}", seeds=a.eval_items, samples=a.eval_samples,
       temperature=a.temperature, max_new_tokens=max(a.tokens, 48), max_len=1024))

@@ -85,7 +85,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.mesh = dict(data=1, fsdp=-1, tensor=1, expert=1, rules="fsdp")
   # A designer row: a 2,048-token prompt and a program of up to 1,536 tokens.
   c.train = dict(batch_size=8, seq_len=3584, num_microbatches=4, logprob_chunk=256,
-                 old_logps="recompute", objective="grpo")
+                 old_logps="recompute", objective="grpo", share_prefix=16)
   c.loss = dict(common.LOSS, kl_coef=0.0)
   c.optimizer = dict(common.OPTIMIZER, learning_rate=a.lr)
   c.sampling = dict(common.SAMPLING)

@@ -32,7 +32,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
 
   c.model = dataclasses.asdict(get_preset("tiny", vocab_size=4096))
   c.mesh = dict(data=-1, fsdp=1, tensor=1, rules="fsdp")
-  c.train = dict(batch_size=16, seq_len=1536, num_microbatches=1)
+  c.train = dict(batch_size=16, seq_len=1536, num_microbatches=1, share_prefix=16)
   c.loss = dict(eps_low=0.2, eps_high=0.28, kl_coef=0.0, aggregation="token_mean",
                 tis_cap=2.0)
   c.optimizer = dict(learning_rate=1e-4, weight_decay=0.1, b1=0.9, b2=0.98)

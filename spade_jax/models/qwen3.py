@@ -453,26 +453,39 @@ def logits_from_hidden(params: Params, cfg: ModelConfig, x: jax.Array) -> jax.Ar
   return constrain(logits, ("batch", "length", "vocab"))
 
 
-def segment_mask(segment_ids: jax.Array) -> jax.Array:
-  """Causal block-diagonal mask from segment ids [B, T] (0 = padding) -> [B, T, T]."""
+def segment_mask(segment_ids: jax.Array, prefix_ids: jax.Array | None = None) -> jax.Array:
+  """Causal block-diagonal mask from segment ids [B, T] (0 = padding) -> [B, T, T].
+
+  With `prefix_ids` [B, T] (0 = none), a token also sees the earlier tokens of
+  the segment whose id its entry names: a shared prompt laid out once (a
+  negative segment id) before several continuations that each name it, so
+  every continuation attends to exactly what it would as a whole sequence.
+  """
   T = segment_ids.shape[1]
   causal = jnp.tril(jnp.ones((T, T), bool))
-  same = segment_ids[:, :, None] == segment_ids[:, None, :]
-  return causal[None] & same & (segment_ids[:, None, :] > 0)
+  seen = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] != 0)
+  if prefix_ids is not None:
+    seen = seen | ((prefix_ids[:, :, None] == segment_ids[:, None, :])
+                   & (prefix_ids[:, :, None] != 0))
+  return causal[None] & seen
 
 
 def token_logprobs(params: Params, cfg: ModelConfig, tokens: jax.Array,
-                   positions: jax.Array, segment_ids: jax.Array) -> jax.Array:
+                   positions: jax.Array, segment_ids: jax.Array,
+                   prefix_ids: jax.Array | None = None) -> jax.Array:
   """Log-probability of each token given its prefix.
 
   Args:
     tokens, positions, segment_ids: [B, T]; segment id 0 marks padding.
+    prefix_ids: optional [B, T] shared-prefix segment of each token (see
+      `segment_mask`).
 
   Returns:
     [B, T] float32; entry t is log p(tokens[t] | tokens[<t]) within the same
-    segment, and 0 at t = 0 and at segment starts.
+    segment, and 0 at t = 0, at segment starts and on shared prefixes
+    (negative segment ids).
   """
-  logits, _ = forward(params, cfg, tokens, positions, segment_mask(segment_ids))
+  logits, _ = forward(params, cfg, tokens, positions, segment_mask(segment_ids, prefix_ids))
   logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
   nxt = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]
   same = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] > 0)

@@ -93,6 +93,7 @@ def chunked_token_logprobs(params, cfg: ModelConfig, tokens: jax.Array,
                            positions: jax.Array, segment_ids: jax.Array,
                            chunk_size: int | None = 512, *,
                            temperature: jax.Array | None = None,
+                           prefix_ids: jax.Array | None = None,
                            return_moe_dropped: bool = False):
   """Log-probability of each token given its prefix within its segment.
 
@@ -110,12 +111,14 @@ def chunked_token_logprobs(params, cfg: ModelConfig, tokens: jax.Array,
 
   Returns:
     [B, T] float32; entry t is log p(tokens[t] | tokens[<t]) within the same
-    segment, and 0 at t = 0, at segment starts and on padding. With
+    segment, and 0 at t = 0, at segment starts, on padding and on shared
+    prefixes (negative segment ids). With
     `return_moe_dropped`, (that, the int32 dropped count).
   """
   if not chunk_size and not return_moe_dropped and temperature is None:
-    return _full_token_logprobs(params, cfg, tokens, positions, segment_ids)
-  hidden, _, dropped = forward(params, cfg, tokens, positions, segment_mask(segment_ids),
+    return _full_token_logprobs(params, cfg, tokens, positions, segment_ids, prefix_ids)
+  hidden, _, dropped = forward(params, cfg, tokens, positions,
+                               segment_mask(segment_ids, prefix_ids),
                                return_hidden=True, return_moe_dropped=True)
   # Position t predicts token t + 1 (the last position's target is a dummy).
   targets = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))

@@ -50,13 +50,15 @@ from spade_jax.rl.optimizer import OptimizerConfig, make_optimizer
 # log-probs recorded when the tokens were sampled, of the tempered policy
 # softmax(logits / temperature). `advantages`, `role` and `temperature` (the
 # sampling temperature of the role that wrote the sequence; 1 for greedy rows)
-# are per token (constant over each packed sequence); `Trainer.step` also
+# are per token (constant over each packed sequence); `prefix_ids` names, per
+# token, the shared prompt segment it also attends to (0: none; see
+# `models.segment_mask` and `selfplay.build_batches`). `Trainer.step` also
 # accepts them as [B] (one sequence per row) and broadcasts. A batch without
 # `temperature` trains the untempered policy (temperature 1).
 BATCH_FIELDS = {
     "tokens": jnp.int32, "positions": jnp.int32, "segment_ids": jnp.int32,
     "loss_mask": jnp.bool_, "sampler_logps": jnp.float32, "advantages": jnp.float32,
-    "role": jnp.int32, "temperature": jnp.float32,
+    "role": jnp.int32, "temperature": jnp.float32, "prefix_ids": jnp.int32,
 }
 ROLES = ("designer", "agent")
 PER_ROW_FIELDS = ("advantages", "role", "temperature")
@@ -259,6 +261,12 @@ class TrainConfig:
       `loss.aggregation`; a batch then needs only "tokens", "positions",
       "segment_ids", "loss_mask" and optionally "role", which splits the
       metrics).
+    share_prefix: sequences that begin with the same untrained prompt of at
+      least this many tokens (consecutive ones, e.g. the plays of one env) are
+      packed as that prompt once followed by each continuation, which attends
+      to it through `prefix_ids` (`selfplay.build_batches`): the same update
+      (every token sees exactly its own history) on fewer token positions.
+      0 packs every sequence whole.
   """
 
   batch_size: int = 8
@@ -267,10 +275,14 @@ class TrainConfig:
   logprob_chunk: int = 512
   old_logps: str = "recompute"
   objective: str = "grpo"
+  share_prefix: int = 16
 
   def __post_init__(self):
     OLD_LOGPS.check(self.old_logps)
     OBJECTIVES.check(self.objective)
+    if self.share_prefix < 0:
+      raise ValueError(f"train.share_prefix={self.share_prefix}; expected the shortest "
+                       "shared prompt (tokens) to pack once, or 0 to pack sequences whole.")
     if self.logprob_chunk < 0:
       raise ValueError(f"train.logprob_chunk={self.logprob_chunk}; expected a "
                        "positive chunk length, or 0 for unchunked log-probs.")
@@ -379,6 +391,7 @@ class Trainer:
                                   mb["positions"], mb["segment_ids"],
                                   self.train_cfg.logprob_chunk,
                                   temperature=mb.get("temperature"),
+                                  prefix_ids=mb.get("prefix_ids"),
                                   return_moe_dropped=return_moe_dropped)
 
   def _micro_terms(self, params, ref_params, mb):

@@ -11,6 +11,17 @@ Each sequence gets a segment id (1, 2, ... within its row), positions that
 restart at 0, and its advantage and role on every one of its tokens. The model
 attends only within a segment, and the loss keys its per-sequence terms by
 segment, so packing changes throughput, not the update.
+
+Shared prompts (`share_prefix`): consecutive sequences that begin with the same
+untrained tokens (the plays of one env, designer samples of one prompt) become
+one unit: the common prompt once, as a segment with a negative id and no loss,
+then each sequence's remainder as its own segment whose `prefix_ids` name the
+prompt's segment, with positions that continue the prompt's. The mask lets each
+remainder see the prompt and itself only (`models.segment_mask`), so every
+token is predicted from exactly its own history and the update is the same,
+on fewer token positions. A remainder starts with the prompt's last token (not
+trained on: nothing in its segment predicts it), so the first trained token is
+predicted within its own segment.
 """
 
 from __future__ import annotations
@@ -68,11 +79,52 @@ def _empty(B: int, T: int, pad_id: int) -> dict[str, np.ndarray]:
       "advantages": np.zeros((B, T), np.float32),
       "role": np.zeros((B, T), np.int32),
       "temperature": np.ones((B, T), np.float32),
+      "prefix_ids": np.zeros((B, T), np.int32),
   }
 
 
+def _untrained(row: Row, n: int) -> int:
+  """Leading tokens of the row's first `n` that are not trained on (its first token never is)."""
+  m = np.asarray(row.loss_mask[:n], bool).copy()
+  m[:1] = False
+  hit = np.flatnonzero(m)
+  return int(hit[0]) if hit.size else n
+
+
+def _common(a: np.ndarray, b: np.ndarray) -> int:
+  """Length of the common prefix of two id arrays."""
+  n = min(len(a), len(b))
+  diff = np.flatnonzero(a[:n] != b[:n])
+  return int(diff[0]) if diff.size else n
+
+
+def _units(rows: Sequence[Row], lengths: list[int], T: int,
+           share: int) -> list[tuple[int, list[int]]]:
+  """Consecutive sequences grouped into packing units: (shared prompt length S, members).
+
+  A unit of one member is a whole sequence (S = 0). Members of a larger unit
+  share their first S >= `share` tokens, untrained in each (and so is the token
+  after them, which starts each member's remainder), and the unit fits in T.
+  """
+  units: list[tuple[int, list[int]]] = []
+  prompt = None  # the open unit's shareable ids
+  for i, (row, n) in enumerate(zip(rows, lengths)):
+    own = np.asarray(row.tokens[:max(0, _untrained(row, n) - 1)], np.int64)
+    if share and units and prompt is not None and len(units[-1][1]) >= 1:
+      S = _common(prompt, own)
+      members = units[-1][1] + [i]
+      size = S + sum(lengths[j] - S for j in members)
+      if S >= share and size <= T:
+        units[-1] = (S, members)
+        prompt = prompt[:S]
+        continue
+    units.append((0, [i]))
+    prompt = own if share else None
+  return [(S if len(m) > 1 else 0, m) for S, m in units]
+
+
 def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
-                  pad_id: int = 0, pack: bool = True
+                  pad_id: int = 0, pack: bool = True, share_prefix: int = 0
                   ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
   """Lays every sequence out in as many [batch_size, seq_len] batches as needed.
 
@@ -88,30 +140,40 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
       and short sequences are treated alike, so which batch a sequence lands
       in depends only on the order and lengths. False puts one sequence per
       row in input order.
+    share_prefix: 0 (lay out every sequence whole), or the shortest shared
+      prompt (tokens) that consecutive sequences pack once (see the module
+      docstring; `rl.TrainConfig.share_prefix`). A shared unit is placed like
+      one sequence.
 
   Returns:
     (batches, stats). batches: a non-empty list (one all-padding batch when
     `rows` is empty) of dicts with "tokens", "positions", "segment_ids" (0 =
     padding), "loss_mask", "sampler_logps" (the rows' `logps`), "advantages"
     (per token), "role" (per token, index into `ROLES`) and "temperature"
-    (per token, the row's sampling temperature; 1 on padding), all [B, T]; pass
+    (per token, the row's sampling temperature; 1 on padding) and "prefix_ids"
+    (per token, the shared prompt segment it also sees; 0: none), all [B, T]; pass
     the whole list to `rl.Trainer.step` for one update. stats:
     "batch/batches", "batch/rows" (sequences placed: all of them),
     "batch/cut_tokens" (tokens beyond seq_len cut from long sequences),
     "batch/rows_used" (rows holding a sequence, over all batches),
     "batch/packing_efficiency" (placed tokens / (batches * B * T)),
-    "batch/loss_tokens" and "batch/<role>_rows" per role.
+    "batch/loss_tokens", "batch/shared_tokens" (prompt tokens laid out once
+    instead of once per sequence) and "batch/<role>_rows" per role.
 
   The first token of every sequence is never trained on (nothing predicts
   it).
   """
   B, T = batch_size, seq_len
+  if share_prefix < 0:
+    raise ValueError(f"share_prefix={share_prefix}; expected 0 or a positive token count.")
   lengths = [min(len(r.tokens), T) for r in rows]
   cut = sum(len(r.tokens) - n for r, n in zip(rows, lengths))
-  # Global row index of every sequence (batch = index // B).
+  units = _units(rows, lengths, T, share_prefix if pack else 0)
+  sizes = [S + sum(lengths[j] - S for j in m) for S, m in units]
+  # Global row index of every unit (batch = index // B).
   fill: list[int] = []   # tokens used per opened row
   where: list[int] = []
-  for n in lengths:
+  for n in sizes:
     if pack:
       b = next((j for j, f in enumerate(fill) if f + n <= T), len(fill))
     else:
@@ -124,28 +186,43 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
   batches = [_empty(B, T, pad_id) for _ in range(num_batches)]
   start = [0] * len(fill)
   segs = [0] * len(fill)
-  for row, n, g in zip(rows, lengths, where):
-    segs[g] += 1
-    if not n:
-      continue
+  for (S, members), g in zip(units, where):
     out, b = batches[g // B], g % B
-    s, e = start[g], start[g] + n
-    out["tokens"][b, s:e] = row.tokens[:n]
-    out["positions"][b, s:e] = np.arange(n)
-    out["segment_ids"][b, s:e] = segs[g]
-    out["loss_mask"][b, s:e] = row.loss_mask[:n]
-    out["loss_mask"][b, s] = False
-    out["sampler_logps"][b, s:e] = row.logps[:n]
-    out["advantages"][b, s:e] = row.advantage
-    out["role"][b, s:e] = ROLES.index(row.role)
-    out["temperature"][b, s:e] = row.temperature
-    start[g] = e
+    prefix = 0
+    if S:  # the shared prompt once: its own (negative) segment, no loss
+      segs[g] += 1
+      prefix = -segs[g]
+      s = start[g]
+      head = rows[members[0]]
+      out["tokens"][b, s:s + S] = head.tokens[:S]
+      out["positions"][b, s:s + S] = np.arange(S)
+      out["segment_ids"][b, s:s + S] = prefix
+      out["role"][b, s:s + S] = ROLES.index(head.role)
+      start[g] = s + S
+    for i in members:
+      row, n = rows[i], lengths[i]
+      segs[g] += 1
+      if not n:
+        continue
+      s, e = start[g], start[g] + n - S
+      out["tokens"][b, s:e] = row.tokens[S:n]
+      out["positions"][b, s:e] = np.arange(S, n)
+      out["segment_ids"][b, s:e] = segs[g]
+      out["prefix_ids"][b, s:e] = prefix
+      out["loss_mask"][b, s:e] = row.loss_mask[S:n]
+      out["loss_mask"][b, s] = False
+      out["sampler_logps"][b, s:e] = row.logps[S:n]
+      out["advantages"][b, s:e] = row.advantage
+      out["role"][b, s:e] = ROLES.index(row.role)
+      out["temperature"][b, s:e] = row.temperature
+      start[g] = e
   stats = {"batch/batches": float(num_batches),
            "batch/rows": float(len(rows)),
            "batch/cut_tokens": float(cut),
            "batch/rows_used": float(sum(1 for f in fill if f)),
            "batch/packing_efficiency": float(sum(fill)) / float(num_batches * B * T),
-           "batch/loss_tokens": float(sum(o["loss_mask"].sum() for o in batches))}
+           "batch/loss_tokens": float(sum(o["loss_mask"].sum() for o in batches)),
+           "batch/shared_tokens": float(sum(S * (len(m) - 1) for S, m in units))}
   for r in ROLES:
     stats[f"batch/{r}_rows"] = float(sum(1 for row in rows if row.role == r))
   return batches, stats

@@ -101,6 +101,23 @@ ROLE_SAMPLING = {
 }
 
 
+def default_value(key: str) -> Any:
+  """The dataclass default of a flat config key "section.field" (a `SECTIONS` field or a
+  top-level scalar), or a marker no config value equals when it has none."""
+  section, _, name = key.partition(".")
+  if not name:
+    return SCALARS.get(section, _NO_DEFAULT)
+  cls = SECTIONS.get(section)
+  field = next((f for f in dataclasses.fields(cls) if f.name == name), None) if cls else None
+  if field is None or field.default is dataclasses.MISSING:
+    return _NO_DEFAULT
+  value = field.default
+  return list(value) if isinstance(value, tuple) else value
+
+
+_NO_DEFAULT = object()
+
+
 def make(cls, section: Mapping[str, Any] | None, name: str):
   """Builds dataclass ``cls`` from a config section, naming any unknown key."""
   values = dict(section or {})

@@ -25,7 +25,7 @@ from spade_jax import sandbox
 from spade_jax.checkpoint import Checkpointer
 from spade_jax.metrics import MetricsWriter
 from spade_jax.sampling import Sampler
-from spade_jax.selfplay.build import RESUMABLE_CHANGES, build_run, summary
+from spade_jax.selfplay.build import RESUMABLE_CHANGES, build_run, default_value, summary
 
 
 def progress_line(it: int, total: int, m: Mapping[str, float]) -> str:
@@ -115,7 +115,9 @@ def check_config(config, workdir: epath.Path) -> None:
   """Writes the run's config to ``<workdir>/config.json``, or refuses a different one.
 
   A rerun may change only :data:`RESUMABLE_CHANGES`; any other difference raises, naming
-  the differing keys, so a workdir never mixes two experiments.
+  the differing keys, so a workdir never mixes two experiments. A key the saved config
+  lacks (a setting added since the run began) matches when the rerun gives it its
+  default: the run computed with that default.
   """
   current = _flat(json.loads(json.dumps(
       config.to_dict() if hasattr(config, "to_dict") else dict(config), default=str)))
@@ -124,7 +126,8 @@ def check_config(config, workdir: epath.Path) -> None:
     saved = _flat(json.loads(path.read_text()))
     keys = sorted(set(saved) | set(current))
     differ = [k for k in keys if k not in RESUMABLE_CHANGES
-              and saved.get(k, "<unset>") != current.get(k, "<unset>")]
+              and saved.get(k, "<unset>") != current.get(k, "<unset>")
+              and not (k not in saved and current[k] == default_value(k))]
     if differ:
       detail = "; ".join(f"{k}: {saved.get(k, '<unset>')!r} -> {current.get(k, '<unset>')!r}"
                          for k in differ[:12])

@@ -19,7 +19,8 @@ def train(trainer, state: TrainState, rows: list[Row],
   """
   t0 = time.perf_counter()
   tc = trainer.train_cfg
-  batches, metrics = build_batches(rows, tc.batch_size, tc.seq_len, pad_id)
+  batches, metrics = build_batches(rows, tc.batch_size, tc.seq_len, pad_id,
+                                   share_prefix=tc.share_prefix)
   metrics = dict(metrics)
   state, tm = trainer.step(state, batches)
   tm = jax.device_get(tm)

@@ -12,6 +12,12 @@ advance it:
   cache is never recomputed. Where the rows live on one device an extend runs
   the model on the rows that take tokens only (padded to a power of two), so a
   conversation rejoining alone costs one row, not the batch.
+  There, too, rows that start a conversation with the same prompt in one extend
+  (GRPO plays each prompt several times) compute it once: one row per distinct
+  prompt runs the model, and a copy program (`steps.share_step`) gives every
+  other row that row's cache entries, length and logits, and the row's own key,
+  so each row samples exactly as if it had computed its prompt
+  (`share_prompts=False` turns this off).
 * **decode**: a `lax.while_loop` that samples one token per active row per
   step, writes it at that row's end and stops when every active row has
   stopped (EOS id or its own token budget), or when a row finishes and the
@@ -41,8 +47,8 @@ On one CPU device with 2+ slots, decode steps run feature-major
 a second copy of the weights made by `set_params`); elsewhere they run
 `qwen3.forward`. Both give the same tokens (`decode_layout=` chooses).
 The device programs themselves are in `sampling/steps.py`. Compiled programs: one
-extend per (rows bucket, chunk-length bucket, span), one decode per step-count bucket;
-buckets and spans are powers of two, so their number grows with log2 of the slots and
+extend per (rows bucket, chunk-length bucket, span), one decode per step-count bucket,
+one share per (rows bucket, span); buckets and spans are powers of two, so their number grows with log2 of the slots and
 the cache length; `programs` lists them.
 """
 
@@ -62,7 +68,7 @@ from spade_jax.sampling.rules import SamplingConfig
 # The device programs live in `steps`; their names stay importable from here.
 from spade_jax.sampling.steps import (DecodeState, decode_loop, decode_rows,  # noqa: F401
                                       extend_step, init_state, programs, release_step,
-                                      truncate_step)
+                                      share_step, truncate_step)
 
 # Logical axes of the stacked key / value caches; per-layer buffers drop "layers".
 CACHE_AXES = {"k": KEY_CACHE_AXES, "v": VALUE_CACHE_AXES}
@@ -126,10 +132,16 @@ class Engine:
       whose rows' chunks differ in length runs as a few calls, one per group of rows
       with chunks of about the same length, when that computes fewer padded token
       positions (`_extend_groups`). False: one call pads every row to the longest chunk.
+    share_prompts: where extends run on a subset of the rows (one device), rows of one
+      extend that start a conversation (in `starts`, or empty) with the same chunk compute
+      it once and copy the result (`_shared_starts`). False: every row computes its own.
 
   Attributes:
     extend_positions: [real tokens, token positions computed] by extends so far (their
-      ratio is how much of the extend work was padding).
+      ratio is how much of the extend work was padding); rows given a shared prompt
+      count in neither.
+    shared_prompts: [rows, tokens] that extends copied from another row with the same
+      prompt instead of computing them.
   """
 
   def __init__(self, cfg: ModelConfig, params, *, slots: int, max_len: int,
@@ -138,7 +150,7 @@ class Engine:
                detokenize: Callable[[Sequence[int]], str] | None = None,
                layer_cache: str = "auto", prefill_chunk: int | None = None,
                decode_layout: str = "auto", decode_subset: bool = True,
-               group_extends: bool = True):
+               group_extends: bool = True, share_prompts: bool = True):
     if layer_cache not in ("auto", "per_layer", "stacked"):
       raise ValueError(f"layer_cache={layer_cache!r}; expected 'auto', 'per_layer' or "
                        "'stacked'.")
@@ -184,8 +196,9 @@ class Engine:
     # write-back of their cache) where the rows live on one device.
     self._subset = mesh is None or mesh.devices.size == 1
     self._decode_subset = self._subset and decode_subset
-    self.group_extends = group_extends
+    self.group_extends, self.share_prompts = group_extends, share_prompts
     self.extend_positions = [0, 0]
+    self.shared_prompts = [0, 0]
     self.fresh = np.zeros(self.slots, bool)  # rows whose logits follow their last token
     self.programs: set[tuple] = set()
     self._param_shardings = self._state_shardings = None
@@ -201,7 +214,7 @@ class Engine:
       self._state_shardings = (
           cache, spec(("batch",), (B,)), spec(("batch", "vocab"), (B, cfg.vocab_size)),
           spec(("batch",), (B,)))
-    (self._init, self._extend, self._decode, self._decode_rows, self._truncate,
+    (self._init, self._extend, self._decode, self._decode_rows, self._share, self._truncate,
      self._release) = programs(self._state_shardings)
     self.params = self.decode_params = None
     self.set_params(params)
@@ -269,10 +282,56 @@ class Engine:
       if b in starts:
         lengths[b] = 0
       self._check_room(b, int(lengths[b]), len(ids))
-    for group in self._extend_groups(chunks):
-      self._extend_pieces({b: chunks[b] for b in group}, starts, lengths)
+    shared = self._shared_starts(chunks, lengths)
+    computed = {b: ids for b, ids in chunks.items() if b not in shared}
+    for group in self._extend_groups(computed):
+      self._extend_pieces({b: computed[b] for b in group}, starts, lengths)
+    if shared:
+      self._copy_prompts(shared, starts, lengths)
     self.lengths = lengths
     self.fresh[list(chunks)] = True
+
+  def _shared_starts(self, chunks: dict[int, Sequence[int]], lengths: np.ndarray
+                     ) -> dict[int, int]:
+    """Rows whose prompt another row computes: row -> that row.
+
+    A row starting a conversation (`lengths` 0: in `starts` or empty) whose chunk is
+    token for token that of a lower such row copies that row's result. A row that
+    continues its history never does. Only where extends run on a subset of the rows
+    (elsewhere every row runs anyway) and `share_prompts` is on.
+    """
+    if not (self._subset and self.share_prompts):
+      return {}
+    first: dict[tuple[int, ...], int] = {}
+    shared = {}
+    for b in sorted(chunks):
+      if lengths[b] == 0:
+        src = first.setdefault(tuple(int(t) for t in chunks[b]), b)
+        if src != b:
+          shared[b] = src
+    return shared
+
+  def _copy_prompts(self, shared: dict[int, int], starts: dict[int, jax.Array],
+                    lengths: np.ndarray) -> None:
+    """Gives each row of `shared` its source row's cache, length and logits, and its own
+    key where it starts (`lengths`: host lengths, updated in place)."""
+    n = bucket(len(shared), 2)
+    pad = [self.slots] * (n - len(shared))
+    dst = np.asarray(list(shared) + pad, np.int32)
+    src = np.asarray(list(shared.values()) + pad, np.int32)
+    reset = np.zeros(n, bool)
+    keys = np.zeros((n,) + self._key_shape, np.uint32)
+    for i, b in enumerate(shared):
+      if b in starts:
+        reset[i], keys[i] = True, _key_data(starts[b])
+    span = self._span(max(int(lengths[b]) for b in shared.values()))
+    self._log_program("share", n, span)
+    self.state = self._share(self.state, src, dst, reset, jax.random.wrap_key_data(keys),
+                             span=span)
+    for b, s in shared.items():
+      lengths[b] = lengths[s]
+      self.shared_prompts[0] += 1
+      self.shared_prompts[1] += int(lengths[s])
 
   def _extend_groups(self, chunks: dict[int, Sequence[int]]) -> list[list[int]]:
     """Rows of one extend call each: rows with chunks of about the same length go together.
@@ -336,8 +395,7 @@ class Engine:
         offset[i] = max(0, int(lengths[b]) + c - span)
         tokens[i, offset[i]:offset[i] + len(piece)], count[i] = piece, len(piece)
         if j == 0 and b in starts:
-          k = starts[b]
-          reset[i], keys[i] = True, k if isinstance(k, np.ndarray) else jax.random.key_data(k)
+          reset[i], keys[i] = True, _key_data(starts[b])
       self._log_program("extend", len(rows), c, span)
       self.state = self._extend(self.params, self.state, np.asarray(rows, np.int32), tokens,
                                 offset, count, reset, jax.random.wrap_key_data(keys), cfg=self.cfg,
@@ -438,6 +496,11 @@ class Engine:
     self.state = self._release(self.state, mask)
     self.lengths[mask] = 0
     self.fresh[mask] = False
+
+
+def _key_data(key) -> np.ndarray:
+  """A typed PRNG key, or its key data, as key data."""
+  return key if isinstance(key, np.ndarray) else np.asarray(jax.random.key_data(key))
 
 
 def _stop_string_cut(prev: list[int], new: list[int], stops: tuple[str, ...],

@@ -1,4 +1,5 @@
-"""The engine's device programs: its state, extend, decode (all rows or a few), truncate, release.
+"""The engine's device programs: its state, extend, decode (all rows or a few), share, truncate,
+release.
 
 Pure functions over a :class:`DecodeState`; :func:`programs` jits them for one state layout
 (:class:`spade_jax.sampling.engine.Engine` calls them and says what they do to the cache).
@@ -213,6 +214,39 @@ def decode_rows(params, state: DecodeState, rows, active, budget, stop_on_finish
   return state, toks, logps, eos, n
 
 
+def share_step(state: DecodeState, src, dst, reset, new_keys, *, span: int) -> DecodeState:
+  """Copies row src[i] onto row dst[i]: its cache entries [0, span), length and logits.
+
+  Args:
+    state: current state.
+    src: [n] int32 rows copied from (each row's length <= span).
+    dst: [n] int32 distinct rows copied to, none of them in `src`; indices past B pad the
+      bucket: never written.
+    reset: [n] bool: dst[i] takes the key new_keys[i]; otherwise it keeps its own key.
+    new_keys: [n] keys used where `reset`.
+    span: static; cache entries copied per row.
+  """
+  per_layer = isinstance(state.cache["k"], tuple)
+  def copy(c, axis):  # axis: the length axis counted from the end
+    cut = (lambda x: x[..., :span]) if axis == -1 else (lambda x: x[..., :span, :])
+    if per_layer:
+      rows = cut(c.at[src].get(mode="clip"))
+      return (c.at[dst, ..., :span].set(rows, mode="drop") if axis == -1
+              else c.at[dst, :, :span, :].set(rows, mode="drop"))
+    rows = cut(c.at[:, src].get(mode="clip"))
+    return (c.at[:, dst, ..., :span].set(rows, mode="drop") if axis == -1
+            else c.at[:, dst, :, :span, :].set(rows, mode="drop"))
+  cache = {"k": jax.tree.map(lambda c: copy(c, -1), state.cache["k"]),
+           "v": jax.tree.map(lambda c: copy(c, -2), state.cache["v"])}
+  get = lambda a, rows: a.at[rows].get(mode="clip")
+  put = lambda a, x: a.at[dst].set(x, mode="drop")
+  kd = jax.random.key_data(state.keys)
+  keys = jnp.where(reset[:, None], jax.random.key_data(new_keys), get(kd, dst))
+  return DecodeState(cache=cache, lengths=put(state.lengths, get(state.lengths, src)),
+                     logits=put(state.logits, get(state.logits, src)),
+                     keys=jax.random.wrap_key_data(put(kd, keys)))
+
+
 def truncate_step(state: DecodeState, drop) -> DecodeState:
   """Drops the last `drop[b]` tokens of each row b."""
   return state.replace(lengths=state.lengths - drop)
@@ -244,6 +278,8 @@ def programs(shards: tuple | None):
   decode_sub = jax.jit(decode_rows, static_argnames=("cfg", "rule", "steps", "feature_major"),
                        donate_argnums=(1,),
                        out_shardings=None if out is None else (out, None, None, None, None))
+  share = jax.jit(share_step, static_argnames=("span",), donate_argnums=(0,),
+                  out_shardings=out)
   truncate = jax.jit(truncate_step, donate_argnums=(0,), out_shardings=out)
   release = jax.jit(release_step, donate_argnums=(0,), out_shardings=out)
-  return init, extend, decode, decode_sub, truncate, release
+  return init, extend, decode, decode_sub, share, truncate, release

@@ -48,8 +48,8 @@ a second copy of the weights made by `set_params`); elsewhere they run
 `qwen3.forward`. Both give the same tokens (`decode_layout=` chooses).
 The device programs themselves are in `sampling/steps.py`. Compiled programs: one
 extend per (rows bucket, chunk-length bucket, span), one decode per step-count bucket,
-one share per (rows bucket, span); buckets and spans are powers of two, so their number grows with log2 of the slots and
-the cache length; `programs` lists them.
+one share per (rows bucket, span); buckets and spans are powers of two, so their number
+grows with log2 of the slots and the cache length; `programs` lists them.
 """
 
 from __future__ import annotations

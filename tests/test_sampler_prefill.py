@@ -141,3 +141,19 @@ def test_share_program_keeps_the_sharded_layout(params):
     assert int(eng.state.lengths[2]) == len(A)
     np.testing.assert_array_equal(np.asarray(eng.state.logits[2]),
                                   np.asarray(eng.state.logits[0]))
+
+
+def test_a_fresh_engine_compiles_its_extend_once(params):
+  """The empty state sits on the parameters' device like every program's output, so the
+  second round of the same shapes compiles nothing."""
+  committed = jax.device_put(params, jax.devices()[0])
+  eng = Engine(CFG, committed, slots=16, max_len=80,
+               rule=SamplingConfig(temperature=0.7, top_p=1.0, top_k=0))
+  keys = np.asarray(jax.random.key_data(jax.random.split(jax.random.key(1), 16)))
+  sizes = []
+  for _ in range(3):
+    eng.extend({i: [5, 6, 7, 8 + i // 8] for i in range(16)}, dict(enumerate(keys)))
+    eng.decode({i: 3 for i in range(16)})
+    eng.release(list(range(16)))
+    sizes.append(eng._extend._cache_size())  # pylint: disable=protected-access
+  assert sizes[2] == sizes[1] == sizes[0], sizes

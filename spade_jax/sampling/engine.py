@@ -219,6 +219,12 @@ class Engine:
     self.params = self.decode_params = None
     self.set_params(params)
     self.state = self._init(cfg, self.slots, self.cache_len, self.cache_dtype, self.per_layer)
+    if self._state_shardings is None:
+      # Committed to the parameters' device like every program's output, so the first
+      # extend compiles once rather than once for the fresh state and again after.
+      leaf = jax.tree.leaves(self.params)[0]
+      device = next(iter(leaf.devices())) if isinstance(leaf, jax.Array) else jax.devices()[0]
+      self.state = jax.device_put(self.state, device)
     self._key_shape = jax.random.key_data(self.state.keys).shape[1:]
 
   # -- parameters ---------------------------------------------------------------

@@ -226,18 +226,7 @@ def share_step(state: DecodeState, src, dst, reset, new_keys, *, span: int) -> D
     new_keys: [n] keys used where `reset`.
     span: static; cache entries copied per row.
   """
-  per_layer = isinstance(state.cache["k"], tuple)
-  def copy(c, axis):  # axis: the length axis counted from the end
-    cut = (lambda x: x[..., :span]) if axis == -1 else (lambda x: x[..., :span, :])
-    if per_layer:
-      rows = cut(c.at[src].get(mode="clip"))
-      return (c.at[dst, ..., :span].set(rows, mode="drop") if axis == -1
-              else c.at[dst, :, :span, :].set(rows, mode="drop"))
-    rows = cut(c.at[:, src].get(mode="clip"))
-    return (c.at[:, dst, ..., :span].set(rows, mode="drop") if axis == -1
-            else c.at[:, dst, :, :span, :].set(rows, mode="drop"))
-  cache = {"k": jax.tree.map(lambda c: copy(c, -1), state.cache["k"]),
-           "v": jax.tree.map(lambda c: copy(c, -2), state.cache["v"])}
+  cache = _put_rows(state.cache, dst, _rows_of(state.cache, src, span))
   get = lambda a, rows: a.at[rows].get(mode="clip")
   put = lambda a, x: a.at[dst].set(x, mode="drop")
   kd = jax.random.key_data(state.keys)

@@ -106,20 +106,20 @@ def _units(rows: Sequence[Row], lengths: list[int], T: int,
   share their first S >= `share` tokens, untrained in each (and so is the token
   after them, which starts each member's remainder), and the unit fits in T.
   """
+  if not share:
+    return [(0, [i]) for i in range(len(rows))]
   units: list[tuple[int, list[int]]] = []
   prompt = None  # the open unit's shareable ids
   for i, (row, n) in enumerate(zip(rows, lengths)):
     own = np.asarray(row.tokens[:max(0, _untrained(row, n) - 1)], np.int64)
-    if share and units and prompt is not None and len(units[-1][1]) >= 1:
+    if units:
       S = _common(prompt, own)
       members = units[-1][1] + [i]
-      size = S + sum(lengths[j] - S for j in members)
-      if S >= share and size <= T:
-        units[-1] = (S, members)
-        prompt = prompt[:S]
+      if S >= share and S + sum(lengths[j] - S for j in members) <= T:
+        units[-1], prompt = (S, members), prompt[:S]
         continue
     units.append((0, [i]))
-    prompt = own if share else None
+    prompt = own
   return [(S if len(m) > 1 else 0, m) for S, m in units]
 
 

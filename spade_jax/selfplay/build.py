@@ -101,6 +101,9 @@ ROLE_SAMPLING = {
 }
 
 
+_NO_DEFAULT = object()
+
+
 def default_value(key: str) -> Any:
   """The dataclass default of a flat config key "section.field" (a `SECTIONS` field or a
   top-level scalar), or a marker no config value equals when it has none."""
@@ -113,9 +116,6 @@ def default_value(key: str) -> Any:
     return _NO_DEFAULT
   value = field.default
   return list(value) if isinstance(value, tuple) else value
-
-
-_NO_DEFAULT = object()
 
 
 def make(cls, section: Mapping[str, Any] | None, name: str):

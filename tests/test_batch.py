@@ -249,6 +249,58 @@ def test_shared_prompt_update_equals_whole_sequences(aggregation):
     np.testing.assert_allclose(a, b, atol=2e-6)
 
 
+def test_width_bucket_cuts_padding_and_keeps_the_update():
+  """Batches cut to the longest row rounded up to the bucket: padding columns only, the
+  same update as the full width, one compiled step per width, and bad widths refused."""
+  rng = np.random.default_rng(5)
+  rows = _plays(rng, [list(rng.integers(3, 259, 12))], 5, lo=4, hi=9)
+  rows += _plays(rng, [list(rng.integers(3, 259, 9))], 3, lo=3, hi=6)
+  full, fstats = build_batches(rows, 2, 128, share_prefix=8)
+  cut, cstats = build_batches(rows, 2, 128, share_prefix=8, width_bucket=16)
+  used = max(int((full[0]["segment_ids"][r] != 0).sum()) for r in range(2))
+  W = -(-used // 16) * 16
+  assert cstats["batch/width"] == W < 128 and fstats["batch/width"] == 128
+  for k in full[0]:
+    np.testing.assert_array_equal(cut[0][k], full[0][k][:, :W], err_msg=k)
+    assert (full[0]["segment_ids"][:, W:] == 0).all()
+  assert cstats["batch/packing_efficiency"] == pytest.approx(
+      fstats["batch/packing_efficiency"] * 128 / W)
+  # A width in use that holds every row is taken over a new one; narrower ones are not.
+  for seen, want in (([W - 16, W + 32, 128], W + 32), ([W - 16], W), ([256], W)):
+    (again,), s = build_batches(rows, 2, 128, share_prefix=8, width_bucket=16, widths=seen)
+    assert s["batch/width"] == again["tokens"].shape[1] == want, seen
+  # Never wider than seq_len; an exact fit stays.
+  (one,), s = build_batches(rows[:1], 1, len(rows[0].tokens), width_bucket=64)
+  assert s["batch/width"] == len(rows[0].tokens) == one["tokens"].shape[1]
+  cfg = get_preset("tiny")
+  mesh = parallel.make_mesh(parallel.MeshConfig(), jax.devices()[:1])
+  opt = OptimizerConfig(name="sgd", learning_rate=1.0, grad_clip=0.0)
+  out = []
+  for batches, bucket in ((full, 0), (cut, 16)):
+    tr = Trainer(cfg, TrainConfig(2, 128, logprob_chunk=32, width_bucket=bucket),
+                 LossConfig(), opt, mesh, parallel.RULE_SETS["fsdp"])
+    state, m = tr.step(tr.init_state(jax.random.key(0)), batches[0])
+    out.append((jax.device_get(state.params), jax.device_get(m)))
+    assert tr.widths == {batches[0]["tokens"].shape[1]}
+  (p1, m1), (p2, m2) = out
+  for k in ("loss", "grad_norm", "token_count"):
+    np.testing.assert_allclose(m2[k], m1[k], rtol=2e-5, err_msg=k)
+  for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(p1)):
+    np.testing.assert_allclose(a, b, atol=2e-6)
+  # Wider than seq_len is refused, and so is any cut width without the setting.
+  wide = {k: np.concatenate([v, v], axis=1) for k, v in full[0].items()}
+  with pytest.raises(ValueError, match="or a width up to it"):
+    tr.step(tr.init_state(jax.random.key(0)), wide)
+  plain = Trainer(cfg, TrainConfig(2, 128, logprob_chunk=32), LossConfig(), opt, mesh,
+                  parallel.RULE_SETS["fsdp"])
+  with pytest.raises(ValueError, match=r"expected \(2, 128\)"):
+    plain.step(plain.init_state(jax.random.key(0)), cut[0])
+  with pytest.raises(ValueError, match="width_bucket"):
+    TrainConfig(width_bucket=-1)
+  with pytest.raises(ValueError, match="width_bucket"):
+    build_batches([], 1, 8, width_bucket=-1)
+
+
 def test_share_prefix_must_not_be_negative():
   with pytest.raises(ValueError, match="share_prefix"):
     TrainConfig(share_prefix=-1)

@@ -125,6 +125,7 @@ def test_learn_smoke_runs_from_smollm2(tmp_path):
   assert rows[-1]["step"] == 2 and "eval/procedural/strict" in rows[-1]   # after
   assert last["batch/agent_rows"] == config.selfplay.num_envs * config.selfplay.plays
   assert last["batch/shared_tokens"] > 0   # each problem's plays share its prompt
+  assert last["batch/width"] % 32 == 0 and last["batch/width"] <= 160  # cut to its bucket
   # The trained policy is the one that sampled: no gap beyond float32 rounding.
   assert last["train/agent_logp_gap_max"] < 1e-3
   assert last["train/agent_tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)

@@ -64,10 +64,13 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # several (e.g. virtual) CPU devices do not each hold the whole 135M model.
   c.mesh = dict(data=1, fsdp=-1, tensor=1, expert=1, rules="fsdp")
   # Each problem's 8 plays share their ~37-token prompt: packed as the prompt once and the
-  # 8 continuations after it (train.share_prefix), a problem fills one row of at most
-  # 37 + 8 x 33 tokens, so the 2 problems take 2 rows of 320.
-  c.train = dict(batch_size=2, seq_len=320, num_microbatches=1, logprob_chunk=320,
-                 old_logps="recompute", share_prefix=16)
+  # 8 continuations after it (train.share_prefix), a problem takes at most 37 + 8 x 33
+  # tokens, so the 2 problems fit one row of 640, cut to the filled width rounded up to
+  # 64 (train.width_bucket; a width once compiled is reused by any batch it holds).
+  # Whole [1, T, V] logits (logprob_chunk 0: 126 MB at T 640) skip the chunked head's
+  # recompute.
+  c.train = dict(batch_size=1, seq_len=640, num_microbatches=1, logprob_chunk=0,
+                 old_logps="recompute", share_prefix=16, width_bucket=64)
   c.loss = dict(common.LOSS, kl_coef=0.0)
   c.optimizer = dict(common.OPTIMIZER, learning_rate=a.lr)
   sampling = dict(temperature=a.temperature, top_p=1.0, top_k=0)
@@ -95,6 +98,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.eval.every = 0
     # A batch row per device of the test suite's 8 (virtual) CPU devices.
     c.train.batch_size, c.train.seq_len, c.train.logprob_chunk = 8, 160, 160
+    c.train.width_bucket = 32
     if "procedural" in c.eval.overrides:
       c.eval.overrides.procedural.items = 4
       c.rlve.held_out_items = 4

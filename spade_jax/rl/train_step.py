@@ -36,6 +36,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
 import optax
 
 from spade_jax import parallel
@@ -267,6 +268,12 @@ class TrainConfig:
       to it through `prefix_ids` (`selfplay.build_batches`): the same update
       (every token sees exactly its own history) on fewer token positions.
       0 packs every sequence whole.
+    width_bucket: 0 (reference): every batch is [batch_size, seq_len]. N > 0:
+      `selfplay.build_batches` cuts every batch of an update to the longest
+      filled row rounded up to a multiple of N (at most seq_len), and the step
+      takes any width up to seq_len; each width compiles once, so fewer, larger
+      buckets trade padding for compiles. A batch that fits a width already
+      used (`Trainer.widths`) takes the narrowest such width.
   """
 
   batch_size: int = 8
@@ -276,6 +283,7 @@ class TrainConfig:
   old_logps: str = "recompute"
   objective: str = "grpo"
   share_prefix: int = 16
+  width_bucket: int = 0
 
   def __post_init__(self):
     OLD_LOGPS.check(self.old_logps)
@@ -283,6 +291,9 @@ class TrainConfig:
     if self.share_prefix < 0:
       raise ValueError(f"train.share_prefix={self.share_prefix}; expected the shortest "
                        "shared prompt (tokens) to pack once, or 0 to pack sequences whole.")
+    if self.width_bucket < 0:
+      raise ValueError(f"train.width_bucket={self.width_bucket}; expected 0 (every batch "
+                       "seq_len wide) or the multiple a batch's width is rounded up to.")
     if self.logprob_chunk < 0:
       raise ValueError(f"train.logprob_chunk={self.logprob_chunk}; expected a "
                        "positive chunk length, or 0 for unchunked log-probs.")
@@ -312,6 +323,7 @@ class Trainer:
     self.model_cfg, self.train_cfg, self.loss_cfg = model_cfg, train_cfg, loss_cfg
     self.mesh, self.rules = mesh, rules
     self.tx = make_optimizer(opt_cfg)
+    self.widths: set[int] = set()  # batch widths stepped on (train.width_bucket)
     self.state_shardings = self._state_shardings()
     self.batch_shardings = {k: parallel.batch_sharding(mesh, rules, 2)
                             for k in BATCH_FIELDS}
@@ -477,6 +489,10 @@ class Trainer:
   def _put(self, batch: Mapping[str, Any], where: str = "Batch") -> dict[str, jax.Array]:
     """Checks one batch's fields and shapes and places it in its shardings."""
     B, T = self.train_cfg.batch_size, self.train_cfg.seq_len
+    if self.train_cfg.width_bucket and "tokens" in batch:
+      width = np.shape(batch["tokens"])[-1]
+      if 0 < width <= T:  # a cut batch (train.width_bucket); other shapes fail below
+        T = width
     arrays = {}
     for k, dt in BATCH_FIELDS.items():
       if k not in batch and k not in _ALWAYS + self.objective.required:
@@ -494,8 +510,9 @@ class Trainer:
         x = jnp.broadcast_to(jnp.asarray(x, dt)[:, None], (B, T))
       if tuple(x.shape) != (B, T):
         allowed = f"{(B, T)} or {(B,)}" if k in PER_ROW_FIELDS else f"{(B, T)}"
+        cut = " or a width up to it" if self.train_cfg.width_bucket else ""
         raise ValueError(f"{where} field {k!r} has shape {tuple(x.shape)}; "
-                         f"expected {allowed} (train.batch_size, train.seq_len).")
+                         f"expected {allowed} (train.batch_size, train.seq_len{cut}).")
       arrays[k] = jax.device_put(jnp.asarray(x, dt), self.batch_shardings[k])
     return arrays
 
@@ -533,13 +550,16 @@ class Trainer:
         sequence of batches.
     """
     if isinstance(batch, Mapping):
-      return self._step(state, self._put(batch))
+      arrays = self._put(batch)
+      self.widths.add(arrays["tokens"].shape[1])
+      return self._step(state, arrays)
     batches = list(batch)
     if not batches:
       raise ValueError("Trainer.step got an empty sequence of batches; pass one batch "
                        "dict or a non-empty list of them.")
     n = len(batches)
     arrays = [self._put(b, f"Batch {i} of {n}") for i, b in enumerate(batches)]
+    self.widths.update(a["tokens"].shape[1] for a in arrays)
     if n == 1:
       return self._step(state, arrays[0])
     acc = self._sums(state, arrays[0])

@@ -124,8 +124,8 @@ def _units(rows: Sequence[Row], lengths: list[int], T: int,
 
 
 def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
-                  pad_id: int = 0, pack: bool = True, share_prefix: int = 0
-                  ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
+                  pad_id: int = 0, pack: bool = True, share_prefix: int = 0,
+                  width_bucket: int = 0, widths: Sequence[int] = ()) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
   """Lays every sequence out in as many [batch_size, seq_len] batches as needed.
 
   Args:
@@ -144,6 +144,13 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
       prompt (tokens) that consecutive sequences pack once (see the module
       docstring; `rl.TrainConfig.share_prefix`). A shared unit is placed like
       one sequence.
+    width_bucket: 0 (every batch seq_len wide), or cut every batch to the
+      longest filled row rounded up to a multiple of it (at most seq_len;
+      `rl.TrainConfig.width_bucket`): the trailing columns cut hold padding only.
+    widths: with `width_bucket`, widths already in use (e.g. compiled,
+      `rl.Trainer.widths`): the narrowest of them that holds every row is taken
+      instead of a new one, so a run compiles a new width only when a batch
+      needs more room than any before.
 
   Returns:
     (batches, stats). batches: a non-empty list (one all-padding batch when
@@ -157,7 +164,8 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
     "batch/cut_tokens" (tokens beyond seq_len cut from long sequences),
     "batch/rows_used" (rows holding a sequence, over all batches),
     "batch/packing_efficiency" (placed tokens / (batches * B * T)),
-    "batch/loss_tokens", "batch/shared_tokens" (prompt tokens laid out once
+    "batch/loss_tokens", "batch/width" (tokens per row as laid out),
+    "batch/shared_tokens" (prompt tokens laid out once
     instead of once per sequence) and "batch/<role>_rows" per role.
 
   The first token of every sequence is never trained on (nothing predicts
@@ -166,6 +174,8 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
   B, T = batch_size, seq_len
   if share_prefix < 0:
     raise ValueError(f"share_prefix={share_prefix}; expected 0 or a positive token count.")
+  if width_bucket < 0:
+    raise ValueError(f"width_bucket={width_bucket}; expected 0 or a positive token count.")
   lengths = [min(len(r.tokens), T) for r in rows]
   cut = sum(len(r.tokens) - n for r, n in zip(rows, lengths))
   units = _units(rows, lengths, T, share_prefix if pack else 0)
@@ -216,13 +226,19 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
       out["role"][b, s:e] = ROLES.index(row.role)
       out["temperature"][b, s:e] = row.temperature
       start[g] = e
+  if width_bucket:
+    W = min(T, max(1, -(-max(fill, default=0) // width_bucket)) * width_bucket)
+    W = min([w for w in widths if W <= w <= T], default=W)
+    batches = [{k: v[:, :W] for k, v in b.items()} for b in batches]
+    T = W
   stats = {"batch/batches": float(num_batches),
            "batch/rows": float(len(rows)),
            "batch/cut_tokens": float(cut),
            "batch/rows_used": float(sum(1 for f in fill if f)),
            "batch/packing_efficiency": float(sum(fill)) / float(num_batches * B * T),
            "batch/loss_tokens": float(sum(o["loss_mask"].sum() for o in batches)),
-           "batch/shared_tokens": float(sum(S * (len(m) - 1) for S, m in units))}
+           "batch/shared_tokens": float(sum(S * (len(m) - 1) for S, m in units)),
+           "batch/width": float(T)}
   for r in ROLES:
     stats[f"batch/{r}_rows"] = float(sum(1 for row in rows if row.role == r))
   return batches, stats

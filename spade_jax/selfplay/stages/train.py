@@ -20,7 +20,9 @@ def train(trainer, state: TrainState, rows: list[Row],
   t0 = time.perf_counter()
   tc = trainer.train_cfg
   batches, metrics = build_batches(rows, tc.batch_size, tc.seq_len, pad_id,
-                                   share_prefix=tc.share_prefix)
+                                   share_prefix=tc.share_prefix,
+                                   width_bucket=tc.width_bucket,
+                                   widths=sorted(trainer.widths))
   metrics = dict(metrics)
   state, tm = trainer.step(state, batches)
   tm = jax.device_get(tm)

@@ -125,7 +125,8 @@ def _units(rows: Sequence[Row], lengths: list[int], T: int,
 
 def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
                   pad_id: int = 0, pack: bool = True, share_prefix: int = 0,
-                  width_bucket: int = 0, widths: Sequence[int] = ()) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
+                  width_bucket: int = 0, widths: Sequence[int] = ()
+                  ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
   """Lays every sequence out in as many [batch_size, seq_len] batches as needed.
 
   Args:

@@ -22,7 +22,7 @@ def train(trainer, state: TrainState, rows: list[Row],
   batches, metrics = build_batches(rows, tc.batch_size, tc.seq_len, pad_id,
                                    share_prefix=tc.share_prefix,
                                    width_bucket=tc.width_bucket,
-                                   widths=sorted(getattr(trainer, "widths", ())))
+                                   widths=sorted(trainer.widths))
   metrics = dict(metrics)
   state, tm = trainer.step(state, batches)
   tm = jax.device_get(tm)

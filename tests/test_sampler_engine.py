@@ -322,6 +322,38 @@ def test_decode_on_a_subset_of_rows_equals_every_row(params, decode_layout):
       np.testing.assert_allclose(a[k][1], b[k][1], atol=1e-5)
 
 
+def test_decode_narrows_as_rows_finish(params):
+  # Eight rows, six with a 3-token budget and two with 20: once six have finished the
+  # loop leaves and the two go on in a 2-row program (a 2-row decode program is used;
+  # no call runs all 8 rows past step 3), with the same tokens, log-probs, stop flags
+  # and cache as decoding every row to the end.
+  rule = SamplingConfig(temperature=1.0, eos_id=-1)
+  base = jax.random.key(3)
+  out = {}
+  for subset in (True, False):
+    eng = _engine(params, rule, max_len=96, slots=8, decode_subset=subset)
+    eng.extend({b: [3 + b] * (4 + b) for b in range(8)},
+               {b: jax.random.fold_in(base, b) for b in range(8)})
+    res = eng.decode({b: 3 if b < 6 else 20 for b in range(8)})
+    kinds = {p for p in eng.programs if p[0] == "decode"}
+    assert any(len(p) == 3 and p[2] == 2 for p in kinds) == subset, kinds
+    out[subset] = (res, eng.lengths.copy(), jax.tree.map(np.asarray, eng.state.cache))
+  (r1, n1, c1), (r2, n2, c2) = out[True], out[False]
+  np.testing.assert_array_equal(n1, n2)
+  assert [len(r1[b][0]) for b in range(8)] == [3] * 6 + [20] * 2
+  for b in range(8):
+    assert r1[b][0] == r2[b][0] and r1[b][2] == r2[b][2]
+    np.testing.assert_allclose(r1[b][1], r2[b][1], atol=1e-5)
+  # Each row's own entries (a full-width step also writes a spare one): keys are cached
+  # length-last, values [.., S, E]; per-layer buffers are [B, ...], stacked [L, B, ...].
+  for name, cut in (("k", lambda a, n: a[..., :n]), ("v", lambda a, n: a[..., :n, :])):
+    for x, y in zip(jax.tree.leaves(c1[name]), jax.tree.leaves(c2[name])):
+      for b in range(8):
+        row = (lambda a: a[b]) if x.ndim == 4 else (lambda a: a[:, b])
+        n = int(n1[b])
+        np.testing.assert_allclose(cut(row(x), n), cut(row(y), n), atol=1e-6)
+
+
 def test_grouped_extends_equal_one_padded_extend(params):
   # Observations of 3, 5, 40 and 70 tokens on 8 rows: grouped by length, the extend runs
   # as more than one call and computes fewer padded positions than one call padded to the

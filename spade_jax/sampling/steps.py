@@ -133,7 +133,7 @@ def _tempered(logits: jax.Array, rule: SamplingConfig) -> jax.Array:
   return logits if t == 1.0 else logits / jnp.float32(t)
 
 
-def decode_loop(params, state: DecodeState, active, budget, stop_on_finish, *,
+def decode_loop(params, state: DecodeState, active, budget, stop_on_finish, shrink=0, *,
                 cfg: ModelConfig, rule: SamplingConfig, steps: int,
                 feature_major: bool = False):
   """Samples up to `steps` tokens for every active row.
@@ -145,6 +145,9 @@ def decode_loop(params, state: DecodeState, active, budget, stop_on_finish, *,
     active: [B] bool rows to decode.
     budget: [B] int32 maximum tokens per row in this call (<= steps).
     stop_on_finish: scalar bool; leave the loop as soon as any row stops.
+    shrink: scalar int; leave the loop once at most this many rows are still
+      running (and some are), so the caller can go on with those rows on a
+      narrower program (0: never).
 
   Returns:
     (state, tokens [B, steps] int32 (pad after a row stopped), logprobs
@@ -158,7 +161,9 @@ def decode_loop(params, state: DecodeState, active, budget, stop_on_finish, *,
 
   def cond(c):
     step, _, done, _, _, _, finished_any = c
-    return (step < steps) & ~jnp.all(done) & ~(stop_on_finish & finished_any)
+    running = jnp.sum(~done)
+    return ((step < steps) & (running > 0) & ~(stop_on_finish & finished_any)
+            & ~(finished_any & (running <= shrink)))
 
   def body(c):
     step, st, done, toks, logps, eos, _ = c
@@ -193,7 +198,7 @@ def decode_loop(params, state: DecodeState, active, budget, stop_on_finish, *,
   return state, toks, logps, eos, n
 
 
-def decode_rows(params, state: DecodeState, rows, active, budget, stop_on_finish, *,
+def decode_rows(params, state: DecodeState, rows, active, budget, stop_on_finish, shrink=0, *,
                 cfg: ModelConfig, rule: SamplingConfig, steps: int, feature_major: bool = False):
   """`decode_loop` on the `rows` only ([n] distinct rows; indices past B pad the
   bucket: read clipped, never written back): their state is gathered, decoded and
@@ -204,7 +209,7 @@ def decode_rows(params, state: DecodeState, rows, active, budget, stop_on_finish
   S = jax.tree.leaves(state.cache["v"])[0].shape[-2]
   sub = DecodeState(cache=_rows_of(state.cache, rows, S), lengths=get(state.lengths),
                     logits=get(state.logits), keys=jax.random.wrap_key_data(get(kd)))
-  sub, toks, logps, eos, n = decode_loop(params, sub, active, budget, stop_on_finish,
+  sub, toks, logps, eos, n = decode_loop(params, sub, active, budget, stop_on_finish, shrink,
                                          cfg=cfg, rule=rule, steps=steps,
                                          feature_major=feature_major)
   put = lambda a, x: a.at[rows].set(x, mode="drop")

@@ -301,6 +301,48 @@ def test_width_bucket_cuts_padding_and_keeps_the_update():
     build_batches([], 1, 8, width_bucket=-1)
 
 
+def test_width_patience_compiles_a_narrower_width_once_it_has_paid_for_itself():
+  """Rent or buy: a batch that a narrower new width would hold runs on the narrowest used
+  width until the padding so spent reaches patience x seq_len x rows; then it takes the
+  narrowest candidate that has paid, and the tally of what it settles starts again."""
+  rng = np.random.default_rng(7)
+  rows = _plays(rng, [list(rng.integers(3, 259, 10))], 3, lo=3, hi=5)
+  (base,), s = build_batches(rows, 2, 128, width_bucket=16)
+  need = int(s["batch/width"])
+  assert s["batch/width_padding"] == 0 and need < 96
+  waste: dict[int, int] = {}
+  # Used width 128: each batch pays (128 - w) x 2 rows for every candidate w < 128.
+  taken, used = [], {128}
+  for _ in range(4):
+    (b,), s = build_batches(rows, 2, 128, width_bucket=16, widths=sorted(used),
+                            waste=waste, patience=0.25)
+    taken.append(int(s["batch/width"]))
+    used.add(taken[-1])  # as the trainer records the widths it stepped on
+    assert b["tokens"].shape[1] == taken[-1]
+    assert s["batch/width_padding"] == taken[-1] - need
+  first = next(i for i in range(1, 5) if i * (128 - need) * 2 >= 0.25 * 128 * 2)
+  assert taken[:first - 1] == [128] * (first - 1) and taken[first - 1] == need
+  assert all(w == need for w in taken[first - 1:])  # need is in use now: no more waste
+  assert not waste
+  # Without a tally the used width is always reused; patience 0 compiles at once.
+  (_,), s = build_batches(rows, 2, 128, width_bucket=16, widths=[128])
+  assert s["batch/width"] == 128
+  (_,), s = build_batches(rows, 2, 128, width_bucket=16, widths=[128], waste={}, patience=0)
+  assert s["batch/width"] == need
+  # A patience of 2 x seq_len: (2 x 128 x 2) / ((128 - need) x 2) batches at 128 first.
+  waste = {}
+  n = 0
+  while True:
+    (_,), s = build_batches(rows, 2, 128, width_bucket=16, widths=[128], waste=waste,
+                            patience=2.0)
+    n += 1
+    if s["batch/width"] < 128:
+      break
+  assert n == -(-(2 * 128 * 2) // ((128 - need) * 2)) and s["batch/width"] == need
+  with pytest.raises(ValueError, match="width_patience"):
+    TrainConfig(width_patience=-1)
+
+
 def test_share_prefix_must_not_be_negative():
   with pytest.raises(ValueError, match="share_prefix"):
     TrainConfig(share_prefix=-1)

@@ -357,7 +357,7 @@ def _count_steps_only(sp):
   """Replaces the train step by a step count (these tests are about the design order)."""
   sp.trainer = type("T", (), {"train_cfg": sp.trainer.train_cfg, "model_cfg": sp.trainer.model_cfg,
                               "mesh": sp.trainer.mesh, "rules": sp.trainer.rules,
-                              "widths": set(),
+                              "widths": set(), "width_waste": {},
                               "step": lambda self, st, b: (st.replace(step=st.step + 1), {})})()
   return sp
 

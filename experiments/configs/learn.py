@@ -66,7 +66,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Each problem's 8 plays share their ~37-token prompt: packed as the prompt once and the
   # 8 continuations after it (train.share_prefix), a problem takes at most 37 + 8 x 33
   # tokens, so the 2 problems fit one row of 640, cut to the filled width rounded up to
-  # 64 (train.width_bucket; a width once compiled is reused by any batch it holds).
+  # 64 (train.width_bucket; a wider compiled width is reused until the padding it costs
+  # would have paid for compiling the narrower one, train.width_patience).
   # Whole [1, T, V] logits (logprob_chunk 0: 126 MB at T 640) skip the chunked head's
   # recompute.
   c.train = dict(batch_size=1, seq_len=640, num_microbatches=1, logprob_chunk=0,

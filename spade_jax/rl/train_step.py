@@ -273,7 +273,14 @@ class TrainConfig:
       filled row rounded up to a multiple of N (at most seq_len), and the step
       takes any width up to seq_len; each width compiles once, so fewer, larger
       buckets trade padding for compiles. A batch that fits a width already
-      used (`Trainer.widths`) takes the narrowest such width.
+      used (`Trainer.widths`) takes the narrowest such width, unless a narrower
+      new width has earned its compile (`width_patience`).
+    width_patience: with `width_bucket`, when a narrower width than any used
+      would hold a batch: the padding columns that batches fitting it have
+      already spent on wider widths, in units of seq_len, before it is
+      compiled (rent or buy: a compile costs about two steps at seq_len on
+      CPU). 0 compiles every new bucket at once; a large value reuses wider
+      widths forever.
   """
 
   batch_size: int = 8
@@ -284,6 +291,7 @@ class TrainConfig:
   objective: str = "grpo"
   share_prefix: int = 16
   width_bucket: int = 0
+  width_patience: float = 2.0
 
   def __post_init__(self):
     OLD_LOGPS.check(self.old_logps)
@@ -294,6 +302,10 @@ class TrainConfig:
     if self.width_bucket < 0:
       raise ValueError(f"train.width_bucket={self.width_bucket}; expected 0 (every batch "
                        "seq_len wide) or the multiple a batch's width is rounded up to.")
+    if self.width_patience < 0:
+      raise ValueError(f"train.width_patience={self.width_patience}; expected the padding "
+                       "(in units of seq_len) a new narrower width must save before it "
+                       "compiles, >= 0.")
     if self.logprob_chunk < 0:
       raise ValueError(f"train.logprob_chunk={self.logprob_chunk}; expected a "
                        "positive chunk length, or 0 for unchunked log-probs.")
@@ -324,6 +336,9 @@ class Trainer:
     self.mesh, self.rules = mesh, rules
     self.tx = make_optimizer(opt_cfg)
     self.widths: set[int] = set()  # batch widths stepped on (train.width_bucket)
+    # Padding columns spent on wider widths by batches a narrower one would hold, per
+    # narrower width (`selfplay.build_batches`, train.width_patience).
+    self.width_waste: dict[int, int] = {}
     self.state_shardings = self._state_shardings()
     self.batch_shardings = {k: parallel.batch_sharding(mesh, rules, 2)
                             for k in BATCH_FIELDS}

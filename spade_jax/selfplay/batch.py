@@ -125,7 +125,8 @@ def _units(rows: Sequence[Row], lengths: list[int], T: int,
 
 def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
                   pad_id: int = 0, pack: bool = True, share_prefix: int = 0,
-                  width_bucket: int = 0, widths: Sequence[int] = ()
+                  width_bucket: int = 0, widths: Sequence[int] = (),
+                  waste: dict[int, int] | None = None, patience: float = 0.0
                   ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
   """Lays every sequence out in as many [batch_size, seq_len] batches as needed.
 
@@ -151,7 +152,15 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
     widths: with `width_bucket`, widths already in use (e.g. compiled,
       `rl.Trainer.widths`): the narrowest of them that holds every row is taken
       instead of a new one, so a run compiles a new width only when a batch
-      needs more room than any before.
+      needs more room than any before, or (with `waste`) when a narrower one
+      has earned it.
+    waste: with `widths`, a running tally (updated in place; e.g.
+      `rl.Trainer.width_waste`) of the padding columns (times rows) spent on a
+      used width by batches that a narrower new width would have held, per
+      such width. Once a candidate's tally reaches `patience` x seq_len x
+      batch_size, the narrowest such candidate is taken (and compiles). None:
+      used widths are always reused.
+    patience: see `waste` (`rl.TrainConfig.width_patience`).
 
   Returns:
     (batches, stats). batches: a non-empty list (one all-padding batch when
@@ -166,6 +175,7 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
     "batch/rows_used" (rows holding a sequence, over all batches),
     "batch/packing_efficiency" (placed tokens / (batches * B * T)),
     "batch/loss_tokens", "batch/width" (tokens per row as laid out),
+    "batch/width_padding" (columns past the narrowest bucket that holds the rows),
     "batch/shared_tokens" (prompt tokens laid out once
     instead of once per sequence) and "batch/<role>_rows" per role.
 
@@ -227,9 +237,23 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
       out["role"][b, s:e] = ROLES.index(row.role)
       out["temperature"][b, s:e] = row.temperature
       start[g] = e
+  over = 0
   if width_bucket:
-    W = min(T, max(1, -(-max(fill, default=0) // width_bucket)) * width_bucket)
-    W = min([w for w in widths if W <= w <= T], default=W)
+    need = min(T, max(1, -(-max(fill, default=0) // width_bucket)) * width_bucket)
+    W = min([w for w in widths if need <= w <= T], default=need)
+    if W > need and waste is not None:
+      # Rent or buy: each narrower candidate is charged the columns this batch pays
+      # beyond it; the narrowest whose charges have reached the patience is compiled.
+      earned = None
+      for w in range(need, W, width_bucket):
+        waste[w] = waste.get(w, 0) + (W - w) * B * num_batches
+        if earned is None and waste[w] >= patience * T * B:
+          earned = w
+      if earned is not None:
+        W = earned
+        for w in [w for w in waste if w >= earned]:
+          del waste[w]
+    over = W - need
     batches = [{k: v[:, :W] for k, v in b.items()} for b in batches]
     T = W
   stats = {"batch/batches": float(num_batches),
@@ -239,7 +263,7 @@ def build_batches(rows: Sequence[Row], batch_size: int, seq_len: int,
            "batch/packing_efficiency": float(sum(fill)) / float(num_batches * B * T),
            "batch/loss_tokens": float(sum(o["loss_mask"].sum() for o in batches)),
            "batch/shared_tokens": float(sum(S * (len(m) - 1) for S, m in units)),
-           "batch/width": float(T)}
+           "batch/width": float(T), "batch/width_padding": float(over)}
   for r in ROLES:
     stats[f"batch/{r}_rows"] = float(sum(1 for row in rows if row.role == r))
   return batches, stats

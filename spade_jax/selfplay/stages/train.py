@@ -22,7 +22,9 @@ def train(trainer, state: TrainState, rows: list[Row],
   batches, metrics = build_batches(rows, tc.batch_size, tc.seq_len, pad_id,
                                    share_prefix=tc.share_prefix,
                                    width_bucket=tc.width_bucket,
-                                   widths=sorted(trainer.widths))
+                                   widths=sorted(trainer.widths),
+                                   waste=trainer.width_waste,
+                                   patience=tc.width_patience)
   metrics = dict(metrics)
   state, tm = trainer.step(state, batches)
   tm = jax.device_get(tm)

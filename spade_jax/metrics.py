@@ -17,6 +17,29 @@ import jax
 import numpy as np
 
 
+# JAX's compile phases (tracing, lowering, the backend's compile or cache load), timed
+# by jax.monitoring; `compile_seconds` sums them for this process.
+COMPILE_EVENTS = ("/jax/core/compile/jaxpr_trace_duration",
+                  "/jax/core/compile/jaxpr_to_mlir_module_duration",
+                  "/jax/core/compile/backend_compile_duration")
+_compile_total = [0.0, False]  # seconds so far, listener registered
+
+
+def _on_duration(event: str, duration: float, **_) -> None:
+  if event in COMPILE_EVENTS:
+    _compile_total[0] += duration
+
+
+def compile_seconds() -> float:
+  """Seconds this process has spent compiling JAX programs since the first call (a
+  stage reads it before and after, e.g. `time/train_compile`, so one-time compiles
+  are told apart from the steady cost of a step)."""
+  if not _compile_total[1]:
+    jax.monitoring.register_event_duration_secs_listener(_on_duration)
+    _compile_total[1] = True
+  return _compile_total[0]
+
+
 class NonFiniteMetricError(FloatingPointError):
   """A scalar metric was NaN or infinite."""
 

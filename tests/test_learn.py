@@ -126,6 +126,10 @@ def test_learn_smoke_runs_from_smollm2(tmp_path):
   assert last["batch/agent_rows"] == config.selfplay.num_envs * config.selfplay.plays
   assert last["batch/shared_tokens"] > 0   # each problem's plays share its prompt
   assert last["batch/width"] % 32 == 0 and last["batch/width"] <= 160  # cut to its bucket
+  # The first update compiles its step: measured apart, and part of the stage's time.
+  first = rows[1]
+  assert 0 < first["time/train_compile"] <= first["time/train"]
+  assert 0 <= first["time/play_compile"] <= first["time/play"]
   # The trained policy is the one that sampled: no gap beyond float32 rounding.
   assert last["train/agent_logp_gap_max"] < 1e-3
   assert last["train/agent_tis_weight_mean"] == pytest.approx(1.0, abs=1e-3)

@@ -50,7 +50,9 @@ def progress_line(it: int, total: int, m: Mapping[str, float]) -> str:
   tis = ("" if "train/tis_weight_mean" not in m else
          f" tis w {m['train/tis_weight_mean']:.3f} [{m['train/tis_weight_min']:.2f},"
          f" {m['train/tis_weight_max']:.2f}]")
-  times = " ".join(f"{k[5:]} {v:.1f}s" for k, v in m.items() if k.startswith("time/"))
+  # Compile seconds (`time/*_compile`, part of their stage's time) only when there were any.
+  times = " ".join(f"{k[5:]} {v:.1f}s" for k, v in m.items()
+                   if k.startswith("time/") and (v >= 0.05 or not k.endswith("_compile")))
   # Suite-level scores (a suite's `<group>/<metric>` too), not per-item breakdowns.
   evals = " ".join(f"{k[5:]} {v:.3f}" for k, v in sorted(m.items()) if k.startswith("eval/")
                    and 2 <= k.count("/") <= 3 and not k.split("/", 2)[2].startswith("success/"))

@@ -24,6 +24,7 @@ from typing import Any, Callable
 import numpy as np
 
 from spade_jax import designer as dz
+from spade_jax.metrics import compile_seconds
 from spade_jax.sampling import Generation, Request, Sampler, row_keys
 from spade_jax.sandbox import FAILURES
 from spade_jax.selfplay.audit import Auditor, Note
@@ -85,7 +86,7 @@ class Play:
     MB = buffer.num_hinted  # >= hinted_plays: the buffer's hinted columns
     metrics: dict[str, float] = {}
     auditor, audit_t0 = self.auditor, self.auditor.seconds
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), compile_seconds()
     specs, hinted = self.specs(host, it)
     hints, hint_notes = episode_hints(cfg, self.pool, host, sorted(set(hinted)), auditor)
     notes: list[Note] = list(hint_notes.values())  # this iteration's checks
@@ -103,6 +104,7 @@ class Play:
     else:
       episodes = run_episodes(*args, **kw, overlap=overlap(cfg))
     metrics["time/play"] = time.perf_counter() - t0 - (auditor.seconds - audit_t0)
+    metrics["time/play_compile"] = compile_seconds() - c0
 
     r_n, m_n = np.zeros((E, N), np.float32), np.zeros((E, N), bool)
     r_h, m_h = np.zeros((E, MB), np.float32), np.zeros((E, MB), bool)

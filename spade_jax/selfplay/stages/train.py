@@ -6,6 +6,7 @@ import time
 
 import jax
 
+from spade_jax.metrics import compile_seconds
 from spade_jax.rl import TrainState
 from spade_jax.selfplay.batch import Row, build_batches
 
@@ -15,9 +16,10 @@ def train(trainer, state: TrainState, rows: list[Row],
   """Packs `rows` (`batch.build_batches`) and runs one update of `trainer`.
 
   Returns:
-    (the new train state, the packing's and the update's metrics, and `time/train`).
+    (the new train state, the packing's and the update's metrics, `time/train` and
+    `time/train_compile`, the part of it spent compiling).
   """
-  t0 = time.perf_counter()
+  t0, c0 = time.perf_counter(), compile_seconds()
   tc = trainer.train_cfg
   batches, metrics = build_batches(rows, tc.batch_size, tc.seq_len, pad_id,
                                    share_prefix=tc.share_prefix,
@@ -29,5 +31,6 @@ def train(trainer, state: TrainState, rows: list[Row],
   state, tm = trainer.step(state, batches)
   tm = jax.device_get(tm)
   metrics["time/train"] = time.perf_counter() - t0
+  metrics["time/train_compile"] = compile_seconds() - c0
   metrics.update({f"train/{k}": float(v) for k, v in tm.items()})
   return state, metrics

@@ -316,10 +316,15 @@ def test_decode_on_a_subset_of_rows_equals_every_row(params, decode_layout):
   (r1, r2, n1), (s1, s2, n2) = out[True], out[False]
   np.testing.assert_array_equal(n1, n2)
   for a, b in ((r1, s1), (r2, s2)):
-    assert a.keys() == b.keys()
-    for k in a:
-      assert a[k][0] == b[k][0] and a[k][2] == b[k][2]
-      np.testing.assert_allclose(a[k][1], b[k][1], atol=1e-5)
+    _assert_same_decode(a, b)
+
+
+def _assert_same_decode(a, b):
+  """Two `Engine.decode` results: the same rows, tokens and stop flags, log-probs to 1e-5."""
+  assert a.keys() == b.keys()
+  for k in a:
+    assert a[k][0] == b[k][0] and a[k][2] == b[k][2]
+    np.testing.assert_allclose(a[k][1], b[k][1], atol=1e-5)
 
 
 def test_decode_narrows_as_rows_finish(params):
@@ -341,9 +346,7 @@ def test_decode_narrows_as_rows_finish(params):
   (r1, n1, c1), (r2, n2, c2) = out[True], out[False]
   np.testing.assert_array_equal(n1, n2)
   assert [len(r1[b][0]) for b in range(8)] == [3] * 6 + [20] * 2
-  for b in range(8):
-    assert r1[b][0] == r2[b][0] and r1[b][2] == r2[b][2]
-    np.testing.assert_allclose(r1[b][1], r2[b][1], atol=1e-5)
+  _assert_same_decode(r1, r2)
   # Each row's own entries (a full-width step also writes a spare one): keys are cached
   # length-last, values [.., S, E]; per-layer buffers are [B, ...], stacked [L, B, ...].
   for name, cut in (("k", lambda a, n: a[..., :n]), ("v", lambda a, n: a[..., :n, :])):

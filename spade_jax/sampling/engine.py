@@ -458,8 +458,7 @@ class Engine:
         budget[at[b]] = min(remaining[b], steps)
         self._check_room(b, int(self.lengths[b]), int(budget[at[b]]))
       # Once the rows still running fit a narrower subset program, the loop leaves
-      # and the next pass goes on with them alone (a 16-row step of a 135M model
-      # costs about twice a 4-row one on CPU).
+      # and the next pass goes on with them alone.
       shrink = np.int32(_narrower(n_rows) if self._decode_subset else 0)
       if subset:
         self._log_program("decode", steps, width)
@@ -517,8 +516,7 @@ class Engine:
 def _narrower(width: int) -> int:
   """Running rows at or below which a decode of `width` rows hands over to a narrower
   subset program: the largest power of two below `width`, or 0 (never) from 4 rows
-  down, where a narrower step saves little (SmolLM2-135M on CPU: 78 / 48 / 37 / 40 ms
-  a step at 16 / 8 / 4 / 2 rows) and would be one more program to compile."""
+  down, where a narrower step saves little and would be one more program to compile."""
   return 0 if width <= 4 else 1 << (int(width) - 1).bit_length() - 1
 
 

@@ -115,7 +115,20 @@ def _packed_case(B=4, T=80, S=None, H=4, K=2, E=8, seed=0):
   return q, k, v, seg[:B]
 
 
-@pytest.mark.parametrize("block", [16, 32, 256])
+def test_even_block_cuts_a_side_into_equal_blocks_with_little_padding():
+  assert attention.even_block(200, 256) == 200  # one block
+  assert attention.even_block(512, 256) == 256
+  assert attention.even_block(576, 256) == 192  # 3 x 192, not 768 = 3 x 256
+  assert attention.even_block(640, 256) == 216  # 3 x 216 = 648
+  assert attention.even_block(80, 48) == 40
+  for n in range(1, 700, 7):
+    for most in (16, 32, 256):
+      b = attention.even_block(n, most)
+      assert b <= max(most, 1) and -(-n // b) == -(-n // most), (n, most, b)
+
+
+# 48 cuts the 80 queries into two blocks of 40 (no padding).
+@pytest.mark.parametrize("block", [16, 32, 48, 256])
 def test_blocked_attention_matches_matmul_forward_and_gradients(block):
   q, k, v, seg = _packed_case()
   mask = segment_mask(jnp.asarray(seg))

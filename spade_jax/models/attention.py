@@ -109,9 +109,21 @@ def einsum_attention(q, k, v, mask):
   return jnp.einsum("bkgts,bkse->btkge", probs, v).reshape(B, T, H, E)
 
 
-# Query and key block of the "blocked" kernel: a chunk of queries attends
+# Largest query and key block of the "blocked" kernel: a chunk of queries attends
 # only to the key blocks its mask reaches.
 ATTENTION_BLOCK = 256
+
+
+def even_block(n: int, most: int) -> int:
+  """The block that cuts a side of n into as few blocks of at most `most` as
+  possible, all equal: ceil(n / blocks) rounded up to a multiple of 8 (at
+  most `most`, or n when n is shorter). A width just past a multiple of `most`
+  then pads a few columns, not nearly a whole block (576 -> 3 x 192, not
+  768 = 3 x 256)."""
+  if n <= most:
+    return n
+  count = -(-n // most)
+  return min(most, -(-(-(-n // count)) // 8) * 8)
 
 
 def _live_block_order(live: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -241,10 +253,10 @@ _blocked_core.defvjp(_blocked_fwd, _blocked_bwd)
 def blocked_attention(q, k, v, mask, block: int | None = None):
   """Flash-style attention that visits only the blocks the mask reaches.
 
-  Shapes as `matmul_attention`. Queries and keys are cut into blocks of
-  `ATTENTION_BLOCK` (a shorter side is one block); each query block runs an
-  online softmax over the key blocks where its mask has any True entry, so a
-  causal mask skips about half the products and a packed row of several
+  Shapes as `matmul_attention`. Queries and keys are each cut into equal
+  blocks of at most `ATTENTION_BLOCK` (`even_block`; a shorter side is one
+  block); each query block runs an online softmax over the key blocks where
+  its mask has any True entry, so a causal mask skips about half the products and a packed row of several
   segments (`segment_mask`) skips every block between segments. No [T, S]
   score tensor is formed, forward or backward: the gradient (a custom VJP)
   recomputes each visited block's probabilities from the saved log-sum-exp.
@@ -257,7 +269,7 @@ def blocked_attention(q, k, v, mask, block: int | None = None):
   K, S = k.shape[1], k.shape[3]
   G = H // K
   block = block or ATTENTION_BLOCK
-  bq, bk = min(block, T), min(block, S)
+  bq, bk = even_block(T, block), even_block(S, block)
   Tp, Sp = -(-T // bq) * bq, -(-S // bk) * bk
   f32 = jnp.float32
   q = _scaled_queries(q).astype(f32)

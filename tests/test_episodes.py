@@ -94,6 +94,28 @@ def test_cached_turns_equal_rereading_and_match_full_forward(params):
   assert {ep.outcome for ep in cached} >= {"terminated", "context"}
 
 
+def test_one_turn_episodes_size_the_cache_to_prompt_and_turn(params):
+  # One turn: the engine's rows are cut from max_len (400) to the power of two above the
+  # longest prompt plus the turn budget, with the transcripts of rereading.
+  rule = SamplingConfig(temperature=0.0, eos_id=1, pad_id=0)
+  sampler = Sampler(params, CFG, rule, jax.random.key(1))
+  sizes = []
+  real = sampler.engine
+  sampler.engine = lambda slots, max_len, **kw: sizes.append(max_len) or real(slots, max_len,
+                                                                                **kw)
+  chat = ChatTemplate(_Bytes())
+  play = lambda policy: run_episodes(_FakePool(), ["src"], SPECS, policy, chat, "s",
+                                     max_turns=1, max_turn_tokens=6, max_len=400)
+  cached = play(sampler)
+  reread = play(lambda prompts, n: sampler(prompts, n))
+  longest = max(ep.loss_mask.index(True) for ep in cached) + 6
+  assert len(sizes) == 1 and longest <= sizes[0] < max(2 * longest, 64) < 400, (sizes,
+                                                                                longest)
+  for a, b in zip(cached, reread):
+    assert a.tokens == b.tokens and a.turns == b.turns == 1
+    np.testing.assert_allclose(a.logps, b.logps, atol=1e-5)
+
+
 def test_slot_refill_keeps_each_episode(params):
   rule = SamplingConfig(temperature=1.0, eos_id=1, pad_id=0)
   full = _play(Sampler(params, CFG, rule, jax.random.key(2)), SPECS)

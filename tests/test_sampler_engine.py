@@ -12,6 +12,7 @@ from spade_jax import parallel
 from spade_jax.models import get_preset, init_params, token_logprobs
 from spade_jax.sampling import (Engine, MinP, Request, SamplingConfig, TopK, draw,
                                 row_keys, serve)
+from spade_jax.sampling import engine as engine_lib
 
 CFG = get_preset("tiny")
 SLOTS, MAX_LEN = 4, 128
@@ -327,11 +328,14 @@ def _assert_same_decode(a, b):
     np.testing.assert_allclose(a[k][1], b[k][1], atol=1e-5)
 
 
-def test_decode_narrows_as_rows_finish(params):
+def test_decode_narrows_as_rows_finish(params, monkeypatch):
   # Eight rows, six with a 3-token budget and two with 20: once six have finished the
   # loop leaves and the two go on in a 2-row program (a 2-row decode program is used;
   # no call runs all 8 rows past step 3), with the same tokens, log-probs, stop flags
-  # and cache as decoding every row to the end.
+  # and cache as decoding every row to the end. (By default nothing narrows below 8
+  # rows; the floor is lowered here to keep the test small.)
+  assert [engine_lib._narrower(w) for w in (4, 8, 9, 16, 24, 64)] == [0, 0, 8, 8, 16, 32]
+  monkeypatch.setattr(engine_lib, "NARROW_MIN", 2)
   rule = SamplingConfig(temperature=1.0, eos_id=-1)
   base = jax.random.key(3)
   out = {}

@@ -513,11 +513,18 @@ class Engine:
     self.fresh[mask] = False
 
 
+# Fewest rows a decode narrows to (`_narrower`). Below about 8 rows a step costs
+# little more than reading the weights once, so a narrower program would save
+# little and be one more program to compile, often in the middle of a run.
+NARROW_MIN = 8
+
+
 def _narrower(width: int) -> int:
   """Running rows at or below which a decode of `width` rows hands over to a narrower
-  subset program: the largest power of two below `width`, or 0 (never) from 4 rows
-  down, where a narrower step saves little and would be one more program to compile."""
-  return 0 if width <= 4 else 1 << (int(width) - 1).bit_length() - 1
+  subset program: the largest power of two below `width`, or 0 (never) when that is
+  fewer than `NARROW_MIN` rows."""
+  half = 1 << (int(width) - 1).bit_length() - 1 if width > 1 else 0
+  return half if half >= NARROW_MIN else 0
 
 
 def _key_data(key) -> np.ndarray:

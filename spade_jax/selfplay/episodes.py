@@ -251,6 +251,11 @@ def _play_reread(pool, handles, episodes, running, policy, chat, *, max_turns,
   return running
 
 
+def _pow2_at_least(n: int, least: int = 64) -> int:
+  """The smallest power of two that is at least n and at least `least`."""
+  return max(least, 1 << max(0, int(n) - 1).bit_length())
+
+
 def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, max_turns,
                  max_turn_tokens, max_len, max_slots, overlap=False, requests=(),
                  completions=()) -> list[int]:
@@ -266,8 +271,14 @@ def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, ma
   n = R + len(running)
   slots = min(n, max_slots or n)
   # A row holds one transcript: at most max_len tokens (the turn budget included), or
-  # one request's prompt and new tokens.
-  need = max([max_len] + [len(q.prompt) + q.max_new_tokens for q in requests])
+  # one request's prompt and new tokens. A one-turn transcript holds its prompt and
+  # that turn only: the cache is cut to the power of two above the longest (so prompts
+  # of other lengths reuse the same programs) rather than sized for max_len.
+  longest = max_len
+  if max_turns == 1 and running:
+    longest = min(max_len, _pow2_at_least(
+        max(len(episodes[i].tokens) for i in running) + max_turn_tokens))
+  need = max([longest] + [len(q.prompt) + q.max_new_tokens for q in requests])
   engine = sampler.engine(slots, need)
   key = sampler.next_key() if running else None
   left_over: list[int] = []

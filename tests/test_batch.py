@@ -205,6 +205,14 @@ def test_shared_prompts_only_join_what_fits_and_matches():
   for r in range(4):
     names = set(pre[r][pre[r] != 0].tolist())
     assert names <= set(seg[r][seg[r] < 0].tolist())
+  # Two groups whose questions begin alike (12 common tokens, past share_prefix): each
+  # group's plays share their whole prompt, not the 12 tokens all eight would share.
+  c = a[:12] + list(rng.integers(3, 259, 8))
+  (out,), stats = build_batches(_plays(rng, [a], 4) + _plays(rng, [c], 4), 1, 256,
+                                share_prefix=8)
+  assert stats["batch/shared_tokens"] == 19 * 3 * 2
+  seg = out["segment_ids"][0]
+  assert np.unique(seg[seg < 0], return_counts=True)[1].tolist() == [19, 19]
   # A too-small row splits the plays into units that fit.
   batches, stats = build_batches(_plays(rng, [a], 6, lo=10, hi=11), 8, 64, share_prefix=8)
   assert all(((b["segment_ids"] != 0).sum(axis=1) <= 64).all() for b in batches)

@@ -105,6 +105,9 @@ def _units(rows: Sequence[Row], lengths: list[int], T: int,
   A unit of one member is a whole sequence (S = 0). Members of a larger unit
   share their first S >= `share` tokens, untrained in each (and so is the token
   after them, which starts each member's remainder), and the unit fits in T.
+  Once two members have set S, a sequence that shares fewer tokens with them
+  opens a new unit rather than cutting S for all (the next group's plays, whose
+  questions begin alike, share their whole prompt among themselves instead).
   """
   if not share:
     return [(0, [i]) for i in range(len(rows))]
@@ -115,7 +118,8 @@ def _units(rows: Sequence[Row], lengths: list[int], T: int,
     if units:
       S = _common(prompt, own)
       members = units[-1][1] + [i]
-      if S >= share and S + sum(lengths[j] - S for j in members) <= T:
+      settled = len(members) > 2 and S < len(prompt)
+      if S >= share and not settled and S + sum(lengths[j] - S for j in members) <= T:
         units[-1], prompt = (S, members), prompt[:S]
         continue
     units.append((0, [i]))

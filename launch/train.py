@@ -20,6 +20,7 @@ from absl import flags
 from absl import logging
 
 from spade_jax import console
+from spade_jax import hostmem
 
 _CONFIG = console.define_config_file(
     "config", "experiments/configs/tiny.py", "Experiment config file.",
@@ -48,6 +49,13 @@ _COMPILATION_CACHE_MIN_S = flags.DEFINE_float(
     "compilation_cache_min_s", None,
     "Only programs that took at least this many seconds to compile are written to the cache "
     "(default: $JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS if set, else 0.5).")
+
+_KEEP_FREED_MEMORY = flags.DEFINE_bool(
+    "keep_freed_memory", False,
+    "Have glibc's allocator keep the memory it frees (spade_jax/hostmem.py): XLA:CPU's large "
+    "per-step buffers then reuse mapped pages instead of being page-faulted every step; the "
+    "process keeps its peak heap until it exits. Off by default: on 2 cores it removes the "
+    "faults but not measurably the time (experiments/benchmarks/update_malloc.py).")
 
 
 def _fake_cpu_devices(config) -> None:
@@ -85,6 +93,7 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if _DRY_RUN.value:
     _fake_cpu_devices(_CONFIG.value)
+  kept = _KEEP_FREED_MEMORY.value and hostmem.keep_freed_memory()
   import jax  # pylint: disable=g-import-not-at-top
   jax.config.update("jax_threefry_partitionable", True)
   cache = _enable_compilation_cache(jax)
@@ -92,7 +101,8 @@ def main(argv):
   if _MULTIHOST.value:
     parallel.initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value,
                                     _PROCESS_ID.value)
-  logging.info("Devices: %s; compilation cache: %s", jax.devices(), cache or "off")
+  logging.info("Devices: %s; compilation cache: %s; freed memory kept: %s", jax.devices(),
+               cache or "off", kept)
   if _DRY_RUN.value:
     from spade_jax.selfplay import plan  # pylint: disable=g-import-not-at-top
     p = plan.plan(_CONFIG.value, compile_step=_PLAN_COMPILE.value)

@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "spade_jax"
 # Each top-level module or subpackage and its floor; a module imports only from
 # strictly lower floors (or from its own package).
 FLOORS = {
-    "registry": 0,
+    "registry": 0, "hostmem": 0,
     "parallel": 1, "sandbox": 1, "metrics": 1, "checkpoint": 1, "console": 1,
     "models": 2, "envs": 2,
     "sampling": 3, "rl": 3, "designer": 3,

@@ -1,4 +1,4 @@
-"""Model sizes and prompts shared by the CPU sampler benchmarks."""
+"""Model sizes, prompts and recipe sections shared by the CPU benchmarks."""
 
 from __future__ import annotations
 
@@ -44,3 +44,15 @@ def uneven_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[
   rng = np.random.default_rng(seed)
   lens = [length] + [int(rng.integers(length // 2, length + 1)) for _ in range(batch - 1)]
   return [rng.integers(1, vocab - 1, n).tolist() for n in lens]
+
+
+def recipe_sections():
+  """The learning recipe's model / train / loss / optimizer configs (no weights) and its
+  mesh rules' name."""
+  from experiments.configs import learn  # pylint: disable=g-import-not-at-top
+  from spade_jax import rl  # pylint: disable=g-import-not-at-top
+  from spade_jax.models import ModelConfig  # pylint: disable=g-import-not-at-top
+  c = learn.get_config("")
+  model = ModelConfig(**{k: v for k, v in c.model.items() if k != "init_from"})
+  return (model, rl.TrainConfig(**c.train), rl.LossConfig(**c.loss),
+          rl.OptimizerConfig(**c.optimizer), c.mesh.rules)

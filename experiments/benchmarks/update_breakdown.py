@@ -40,6 +40,8 @@ import time
 from absl import app
 from absl import flags
 
+from experiments.benchmarks import common
+
 _ROUNDS = flags.DEFINE_integer("rounds", 3, "Timed rounds (after one warm-up round).")
 _VARIANTS = flags.DEFINE_list("variants", ["before", "after"],
                               "Variants: names in VARIANTS or key=value+key=value.")
@@ -87,17 +89,6 @@ def _convert(field: dataclasses.Field, value: str):
     if field.type in (kind.__name__, kind):
       return kind(value)
   return value
-
-
-def recipe_sections():
-  """The learning recipe's model / train / loss / optimizer configs (no weights)."""
-  from experiments.configs import learn  # pylint: disable=g-import-not-at-top
-  from spade_jax import rl  # pylint: disable=g-import-not-at-top
-  from spade_jax.models import ModelConfig  # pylint: disable=g-import-not-at-top
-  c = learn.get_config("")
-  model = ModelConfig(**{k: v for k, v in c.model.items() if k != "init_from"})
-  return (model, rl.TrainConfig(**c.train), rl.LossConfig(**c.loss),
-          rl.OptimizerConfig(**c.optimizer), c.mesh.rules)
 
 
 def packed_batch(vocab: int, seed: int = 0) -> dict:
@@ -223,7 +214,7 @@ def main(argv):
   del argv
   import jax  # pylint: disable=g-import-not-at-top
   from spade_jax.models import num_params  # pylint: disable=g-import-not-at-top
-  base = recipe_sections()
+  base = common.recipe_sections()
   model = base[0]
   batch = packed_batch(model.vocab_size)
   sides = [Ours(v, _parse(v), base, batch) for v in _VARIANTS.value]

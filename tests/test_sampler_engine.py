@@ -335,9 +335,15 @@ def test_decode_narrows_as_rows_finish(params, monkeypatch):
   # and cache as decoding every row to the end. (By default nothing narrows below 8
   # rows; the floor is lowered here to keep the test small.)
   assert [engine_lib._narrower(w) for w in (4, 8, 9, 16, 24, 64)] == [0, 0, 8, 8, 16, 32]
-  monkeypatch.setattr(engine_lib, "NARROW_MIN", 2)
   rule = SamplingConfig(temperature=1.0, eos_id=-1)
   base = jax.random.key(3)
+  # By default 16 rows narrow to 8, and the 3 rows left go on in the 8-row program.
+  eng = _engine(params, rule, max_len=96, slots=16)
+  eng.extend({b: [3 + b] * 4 for b in range(16)}, {b: jax.random.fold_in(base, b)
+                                                   for b in range(16)})
+  eng.decode({b: 3 if b < 13 else 20 for b in range(16)})
+  assert {p[2] for p in eng.programs if p[0] == "decode" and len(p) == 3} == {8}, eng.programs
+  monkeypatch.setattr(engine_lib, "NARROW_MIN", 2)
   out = {}
   for subset in (True, False):
     eng = _engine(params, rule, max_len=96, slots=8, decode_subset=subset)

@@ -441,12 +441,15 @@ class Engine:
     # running, reuses the program shape rather than compiling one for fewer steps).
     most = max(budgets.values(), default=0)
     steps = min(bucket(most), bucket(self.chunk)) if self.rule.stop else bucket(most)
+    # The fewest rows a pass's program may have: any on the first; on later passes (the
+    # rows left after narrowing) no fewer than NARROW_MIN, nor than the last pass had.
+    least = 2
     while True:
       rows = [b for b, n in remaining.items() if n > 0 and not out[b][2]]
       if not rows:
         return out
       # Few active rows decode alone (a gather and a write-back of their cache).
-      width = bucket(len(rows), 2)
+      width = max(bucket(len(rows), 2), least)
       subset = self._decode_subset and width < self.slots
       at = ({b: i for i, b in enumerate(rows)} if subset
             else {b: b for b in range(self.slots)})
@@ -474,6 +477,7 @@ class Engine:
             shrink, cfg=self.cfg, rule=self._device_rule, steps=steps,
             feature_major=self.feature_major)
       toks, logps, eos, n = jax.device_get((toks, logps, eos, n))
+      least = min(NARROW_MIN, n_rows)
       toks, logps, eos = ({b: x[at[b]] for b in rows} for x in (toks, logps, eos))
       budget = {b: budget[at[b]] for b in rows}
       cut_drop = np.zeros(self.slots, np.int32)

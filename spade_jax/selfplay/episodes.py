@@ -33,7 +33,7 @@ from spade_jax import envs
 from spade_jax.designer import hinted_observation
 from spade_jax.models.chat import ChatTemplate
 from spade_jax.sampling import (Completion, Generation, Output, Request, Sampler, Turn,
-                                check_requests, schedule)
+                                bucket, check_requests, schedule)
 from spade_jax.sandbox import FAILURES
 
 Policy = Sampler | Callable[[list[list[int]], int], Generation]
@@ -251,11 +251,6 @@ def _play_reread(pool, handles, episodes, running, policy, chat, *, max_turns,
   return running
 
 
-def _pow2_at_least(n: int, least: int = 64) -> int:
-  """The smallest power of two that is at least n and at least `least`."""
-  return max(least, 1 << max(0, int(n) - 1).bit_length())
-
-
 def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, max_turns,
                  max_turn_tokens, max_len, max_slots, overlap=False, requests=(),
                  completions=()) -> list[int]:
@@ -276,8 +271,8 @@ def _play_cached(pool, handles, episodes, running, sampler: Sampler, chat, *, ma
   # of other lengths reuse the same programs) rather than sized for max_len.
   longest = max_len
   if max_turns == 1 and running:
-    longest = min(max_len, _pow2_at_least(
-        max(len(episodes[i].tokens) for i in running) + max_turn_tokens))
+    longest = min(max_len, bucket(
+        max(len(episodes[i].tokens) for i in running) + max_turn_tokens, 64))
   need = max([longest] + [len(q.prompt) + q.max_new_tokens for q in requests])
   engine = sampler.engine(slots, need)
   key = sampler.next_key() if running else None

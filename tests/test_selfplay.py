@@ -102,7 +102,11 @@ def test_scripted_iteration_classifies_and_trains(tmp_path, scripted, pool):
   assert m["batch/designer_rows"] == 4 and m["batch/agent_rows"] == 8
   assert m["batch/cut_tokens"] == 0  # every row fits the helper's seq_len
   assert [r["verdict"] for r in sp.sample_records] == ["valid", "timeout", "syntax", "no_code"]
-  assert m["train/designer_tokens"] > 0 and m["train/agent_tokens"] > 0
+  assert m["train/designer_tokens"] > 0
+  # The scripted plays all score alike: zero advantages, left out of the update
+  # (train.skip_zero_advantage) with their share of the denominator.
+  assert m["train/agent_tokens"] == 0 and m["batch/skipped_rows"] == 8
+  assert m["batch/skipped_loss_tokens"] > 0
   assert sp.memory.records and any(r.reason == "syntax" for r in sp.memory.records)
   # Nothing pending after the credit; host state survives a JSON round trip.
   host = json.loads(json.dumps(sp.host_state()))
@@ -191,10 +195,12 @@ def test_smoke_run_two_iterations_then_resume(tmp_path):
   assert "eval/reasoning_gym/win_rate" in last
   for key in ("designer/valid_rate", "designer/resampled", "rewards/regret_mean",
               "agent/reward_nohint", "agent/reward_hint", "time/play", "time/train",
-              "train/loss", "train/tis_weight_mean", "train/designer_tis_weight_mean",
-              "sampling/designer/temperature", "sampling/hint/temperature",
-              "sampling/agent/top_k"):
+              "train/loss", "sampling/designer/temperature", "sampling/hint/temperature",
+              "sampling/agent/top_k", "batch/skipped_rows"):
     assert key in rows[-1], key
+  for r in rows:  # per-token metrics wherever a row was differentiated
+    for key in ("train/tis_weight_mean", "train/designer_tis_weight_mean"):
+      assert (key in r) == (r["batch/batches"] > 0), (key, r["step"])
   assert rows[0]["sampling/hint/temperature"] == 0.3
   samples = read_metrics(workdir, "designer_samples")
   assert len(samples) == rows[0]["designer/credited"] + rows[1]["designer/credited"]
@@ -358,7 +364,9 @@ def _count_steps_only(sp):
   sp.trainer = type("T", (), {"train_cfg": sp.trainer.train_cfg, "model_cfg": sp.trainer.model_cfg,
                               "mesh": sp.trainer.mesh, "rules": sp.trainer.rules,
                               "widths": set(), "width_waste": {},
-                              "step": lambda self, st, b: (st.replace(step=st.step + 1), {})})()
+                              "skips_zero_advantage": False,
+                              "step": lambda self, st, b, extra_denom=0.0: (
+                                  st.replace(step=st.step + 1), {})})()
   return sp
 
 

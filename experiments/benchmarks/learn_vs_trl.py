@@ -114,6 +114,7 @@ def _ours(config, workdir: str) -> dict:
   reward = _series(m, "agent/reward_nohint")
   play, train = _series(m, "time/play"), _series(m, "time/train")
   play_c, train_c = _series(m, "time/play_compile"), _series(m, "time/train_compile")
+  skipped, packed = _series(m, "batch/skipped_rows"), _series(m, "batch/batches")
   evals = {}
   for key in ("lenient", "strict", "lenient@k", "greedy/lenient", "greedy/strict",
               "format"):
@@ -124,7 +125,11 @@ def _ours(config, workdir: str) -> dict:
           "seconds_generate": [play[s] for s in steps],
           "seconds_update": [train[s] for s in steps],
           "seconds_generate_compile": [play_c.get(s, 0.0) for s in steps],
-          "seconds_update_compile": [train_c.get(s, 0.0) for s in steps], "eval": evals}
+          "seconds_update_compile": [train_c.get(s, 0.0) for s in steps],
+          # Rows left out of each update for a zero advantage (train.skip_zero_advantage),
+          # and whether any row was left to differentiate.
+          "skipped_rows": [skipped.get(s, 0.0) for s in steps],
+          "differentiated": [packed.get(s, 1.0) > 0 for s in steps], "eval": evals}
 
 
 def main(argv):
@@ -209,6 +214,13 @@ def main(argv):
   print(f"  ours / trl: {ratio:.2f}x the time; {ratio_steady:.2f}x without the "
         f"{rest(compiled):.2f} s a step ours spent compiling in steps 2..N "
         f"({sum(1 for c in compiled[1:] if c >= 1.0)} steps compiled >= 1 s)")
+  diff_steps = [u for u, d in zip(ours["seconds_update"][1:], ours["differentiated"][1:]) if d]
+  print(f"  ours left {rest(ours['skipped_rows']):.1f} of "
+        f"{config.selfplay.num_envs * config.selfplay.plays} rows a step out of the update "
+        "(zero advantage: the same update, train.skip_zero_advantage); "
+        f"{len(ours['seconds_update']) - 1 - len(diff_steps)} steps had no row left; "
+        f"update on the other {len(diff_steps)} steps "
+        f"{float(np.mean(diff_steps)) if diff_steps else float('nan'):.2f} s")
   record = {"seed": seed, "steps": steps, "eval_items": n, "ours": ours, "trl": trl,
             "seconds_per_step": {name: {"generate": g, "update": u, "total": tt,
                                         "first": f} for name, g, u, tt, f in rows},

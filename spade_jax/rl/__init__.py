@@ -4,7 +4,8 @@ from spade_jax.rl.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 from spade_jax.rl.logprobs import chunked_head_logprobs, chunked_token_logprobs
 from spade_jax.rl.loss import (LossConfig, Sequences, combine_metric_sums,
                                finalize_loss, finalize_metrics, grpo_loss,
-                               grpo_loss_terms, sequences, tis_weight)
+                               grpo_loss_terms, sequence_denominator, sequences,
+                               tis_weight)
 from spade_jax.rl.optimizer import OptimizerConfig, make_optimizer
 from spade_jax.rl.sft import (finalize_sft_metrics, sft_loss, sft_loss_terms,
                               trained_tokens)

@@ -186,6 +186,25 @@ AGGREGATIONS: Registry[Callable[[Array, Array, Sequences, "LossConfig"],
 """Name -> ``fn(per_token [B, T], mask [B, T] float, seqs, config) -> (loss_sum, denom)``."""
 
 
+def sequence_denominator(config: "LossConfig", loss_tokens: int) -> float | None:
+  """What one packed sequence with `loss_tokens` trained tokens adds to the denominator.
+
+  The host-side twin of `AGGREGATIONS[config.aggregation]`'s `denom` for one
+  sequence (a segment of its own in a packed row): the sequence's loss tokens
+  ("token_mean"), 1 if it has any ("seq_mean_token_mean"), or `dr_grpo_norm`
+  ("dr_grpo"). None where it depends on the batch's padded width ("dr_grpo"
+  with `dr_grpo_norm=None`). `rl.Trainer.step(extra_denom=...)` uses it for
+  rows left out of the batch because their loss is exactly zero.
+  """
+  if config.aggregation == "token_mean":
+    return float(loss_tokens)
+  if config.aggregation == "seq_mean_token_mean":
+    return 1.0 if loss_tokens > 0 else 0.0
+  if config.aggregation == "dr_grpo":
+    return None if config.dr_grpo_norm is None else float(config.dr_grpo_norm)
+  return None
+
+
 RATIO_LEVELS = names("token", "sequence", kind="ratio level", field="loss.ratio_level")
 
 

@@ -281,6 +281,17 @@ class TrainConfig:
       compiled (rent or buy: a compile costs about two steps at seq_len on
       CPU). 0 compiles every new bucket at once; a large value reuses wider
       widths forever.
+    skip_zero_advantage: True: rows whose advantage is exactly 0 (e.g. every
+      play of a group that all won or all lost) are left out of the packed
+      batch, and their share of the loss denominator is added back
+      (`loss.sequence_denominator`, `Trainer.step(extra_denom=...)`), so the
+      gradient and the optimizer step are those of the whole batch on less
+      work; an update with no row left applies a zero gradient
+      (`Trainer.step_without_rows`), as the whole batch would have. Only where
+      that is exact (`Trainer.skips_zero_advantage`: the "grpo" objective, no
+      KL or entropy term, a denominator per sequence); per-token metrics
+      (log-prob gap, TIS weights, clipping) then cover the trained rows only.
+      False (reference): every row goes through the forward and backward pass.
   """
 
   batch_size: int = 8
@@ -292,6 +303,7 @@ class TrainConfig:
   share_prefix: int = 16
   width_bucket: int = 0
   width_patience: float = 2.0
+  skip_zero_advantage: bool = True
 
   def __post_init__(self):
     OLD_LOGPS.check(self.old_logps)
@@ -343,10 +355,16 @@ class Trainer:
     self.batch_shardings = {k: parallel.batch_sharding(mesh, rules, 2)
                             for k in BATCH_FIELDS}
     # One batch: one fused, donated program (forward, backward, optimizer).
+    replicated = NamedSharding(mesh, P())
     self._step = jax.jit(self._update, in_shardings=(self.state_shardings,
-                                                     self.batch_shardings),
+                                                     self.batch_shardings, replicated),
                          out_shardings=(self.state_shardings, None),
                          donate_argnums=(0,))
+    # No rows to differentiate (train.skip_zero_advantage): a zero gradient, applied.
+    self._no_rows = jax.jit(self._no_rows_program, in_shardings=(self.state_shardings,
+                                                                 replicated),
+                            out_shardings=(self.state_shardings, None),
+                            donate_argnums=(0,))
     # Several batches: the sums of each batch, added up, then one update.
     sums_shardings = (self.state_shardings.params, None, None, None)
     self._sums = jax.jit(self._sums_program, in_shardings=(self.state_shardings,
@@ -471,10 +489,22 @@ class Trainer:
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
 
-  def _update(self, state: TrainState, batch: dict[str, jax.Array]):
+  def _update(self, state: TrainState, batch: dict[str, jax.Array], extra_denom):
     # Activations follow the same logical-axis rules as the parameters.
     with parallel.activation_sharding(self.mesh, self.rules):
-      return self._apply(state, *self._batch_sums(state.params, state.ref_params, batch))
+      grads, loss_sum, denom, sums = self._batch_sums(state.params, state.ref_params,
+                                                      batch)
+      return self._apply(state, grads, loss_sum, denom + extra_denom, sums)
+
+  def _no_rows_program(self, state: TrainState, denom):
+    grads = jax.tree.map(jnp.zeros_like, state.params)
+    scale = jnp.where(denom > 0, 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
+    grads = jax.tree.map(lambda g: g * scale, grads)
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {"loss": jnp.float32(0.0), "grad_norm": optax.global_norm(grads)}
+    metrics.update({f"{r}_tokens": jnp.int32(0) for r in ROLES})
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
   def _sums_program(self, state: TrainState, batch: dict[str, jax.Array]):
     with parallel.activation_sharding(self.mesh, self.rules):
@@ -493,7 +523,8 @@ class Trainer:
   def lower(self, state=None, batch=None):
     """Lowers the update for (abstract by default) state and batch."""
     state = self.abstract_state_sharded() if state is None else state
-    return self._step.lower(state, self.abstract_batch() if batch is None else batch)
+    return self._step.lower(state, self.abstract_batch() if batch is None else batch,
+                            jnp.float32(0.0))
 
   def abstract_state_sharded(self) -> TrainState:
     """`abstract_state` with each leaf carrying its sharding."""
@@ -531,8 +562,34 @@ class Trainer:
       arrays[k] = jax.device_put(jnp.asarray(x, dt), self.batch_shardings[k])
     return arrays
 
+  @property
+  def skips_zero_advantage(self) -> bool:
+    """Whether rows with a zero advantage may be left out of the update exactly
+    (`TrainConfig.skip_zero_advantage`): the "grpo" objective, no KL or entropy term
+    (the only per-token terms a zero advantage does not zero), and an aggregation whose
+    denominator is a sum over sequences known on the host (`loss.sequence_denominator`).
+    """
+    cfg = self.loss_cfg
+    return (self.train_cfg.skip_zero_advantage and self.train_cfg.objective == "grpo"
+            and cfg.kl_coef == 0 and cfg.entropy_coef == 0
+            and loss_lib.sequence_denominator(cfg, 1) is not None)
+
+  def step_without_rows(self, state: TrainState, denom: float):
+    """The update of a batch whose every row has a zero loss: a zero gradient, applied.
+
+    With AdamW this is not a no-op (the moments decay, and their remaining momentum and
+    the weight decay still move the weights), so it is what the forward and backward
+    pass of those rows would have given, without running them. `denom` is their loss
+    denominator (the gradient is zero either way).
+
+    Returns:
+      (new state, metrics "loss" 0, "grad_norm" 0 and `<role>_tokens` 0).
+    """
+    return self._no_rows(state, jnp.float32(denom))
+
   def step(self, state: TrainState,
-           batch: Mapping[str, Any] | Sequence[Mapping[str, Any]]):
+           batch: Mapping[str, Any] | Sequence[Mapping[str, Any]],
+           extra_denom: float = 0.0):
     """Applies one optimizer update.
 
     Args:
@@ -551,6 +608,9 @@ class Trainer:
         before the single update. One batch runs as one fused program;
         several run one gradient program per batch (same shape, compiled
         once) and one update program.
+      extra_denom: added to the loss denominator before the update: the share of rows
+        left out because their loss is exactly zero (`skips_zero_advantage`,
+        `loss.sequence_denominator`), so the step equals the one with them in.
 
     Returns:
       (new state, metrics): the objective's metrics ("grpo":
@@ -567,7 +627,7 @@ class Trainer:
     if isinstance(batch, Mapping):
       arrays = self._put(batch)
       self.widths.add(arrays["tokens"].shape[1])
-      return self._step(state, arrays)
+      return self._step(state, arrays, jnp.float32(extra_denom))
     batches = list(batch)
     if not batches:
       raise ValueError("Trainer.step got an empty sequence of batches; pass one batch "
@@ -576,10 +636,12 @@ class Trainer:
     arrays = [self._put(b, f"Batch {i} of {n}") for i, b in enumerate(batches)]
     self.widths.update(a["tokens"].shape[1] for a in arrays)
     if n == 1:
-      return self._step(state, arrays[0])
+      return self._step(state, arrays[0], jnp.float32(extra_denom))
     acc = self._sums(state, arrays[0])
     for a in arrays[1:]:
       acc = self._add(acc, self._sums(state, a))
+    if extra_denom:
+      acc = (acc[0], acc[1], acc[2] + jnp.float32(extra_denom), acc[3])
     return self._apply_sums(state, acc)
 
 

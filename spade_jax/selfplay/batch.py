@@ -69,6 +69,12 @@ class Row:
                        "greedy row, whose log-probs are of the untempered model).")
 
 
+def loss_tokens(row: Row, seq_len: int) -> int:
+  """Tokens of `row` that `build_batches` trains on in rows of `seq_len`: its loss mask
+  within the first `seq_len` tokens, less the first token (nothing predicts it)."""
+  return int(np.count_nonzero(np.asarray(row.loss_mask[1:seq_len], bool)))
+
+
 def _empty(B: int, T: int, pad_id: int) -> dict[str, np.ndarray]:
   return {
       "tokens": np.full((B, T), pad_id, np.int32),

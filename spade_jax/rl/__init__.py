@@ -9,7 +9,8 @@ from spade_jax.rl.loss import (LossConfig, Sequences, combine_metric_sums,
 from spade_jax.rl.optimizer import OptimizerConfig, make_optimizer
 from spade_jax.rl.sft import (finalize_sft_metrics, sft_loss, sft_loss_terms,
                               trained_tokens)
-from spade_jax.rl.train_step import (BATCH_FIELDS, OBJECTIVES, OLD_LOGPS, PER_ROW_FIELDS,
-                                     ROLES, Objective, TrainConfig, Trainer, TrainState,
+from spade_jax.rl.objectives import (OBJECTIVES, OLD_LOGPS, ROLES, Objective,
                                      batch_loss_terms, finalize_train_metrics,
                                      sft_batch_terms)
+from spade_jax.rl.train_step import (BATCH_FIELDS, PER_ROW_FIELDS, TrainConfig, Trainer,
+                                     TrainState)

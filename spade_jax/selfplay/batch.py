@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from spade_jax.rl.train_step import ROLES
+from spade_jax.rl.objectives import ROLES
 
 
 @dataclasses.dataclass

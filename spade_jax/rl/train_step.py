@@ -200,8 +200,7 @@ class Trainer:
                          out_shardings=(self.state_shardings, None),
                          donate_argnums=(0,))
     # No rows to differentiate (train.skip_zero_advantage): a zero gradient, applied.
-    self._no_rows = jax.jit(self._no_rows_program, in_shardings=(self.state_shardings,
-                                                                 replicated),
+    self._no_rows = jax.jit(self._no_rows_program, in_shardings=(self.state_shardings,),
                             out_shardings=(self.state_shardings, None),
                             donate_argnums=(0,))
     # Several batches: the sums of each batch, added up, then one update.
@@ -318,15 +317,17 @@ class Trainer:
     """One optimizer update from accumulated sums; (new state, metrics)."""
     scale = jnp.where(denom > 0, 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
     grads = jax.tree.map(lambda g: g * scale, grads)
-    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
     metrics = self.objective.finalize(loss_sum, denom, sums)
     if "moe_dropped_copies" in sums:
       metrics["moe_dropped_copies"] = sums["moe_dropped_copies"]
       metrics["moe_dropped_frac"] = sums["moe_dropped_copies"] / sums["moe_routed_copies"]
     metrics["grad_norm"] = optax.global_norm(grads)
-    new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
-    return new_state, metrics
+    return self._optimizer_update(state, grads), metrics
+
+  def _optimizer_update(self, state: TrainState, grads) -> TrainState:
+    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
+    return state.replace(step=state.step + 1, opt_state=opt_state,
+                         params=optax.apply_updates(state.params, updates))
 
   def _update(self, state: TrainState, batch: dict[str, jax.Array], extra_denom):
     # Activations follow the same logical-axis rules as the parameters.
@@ -335,15 +336,11 @@ class Trainer:
                                                       batch)
       return self._apply(state, grads, loss_sum, denom + extra_denom, sums)
 
-  def _no_rows_program(self, state: TrainState, denom):
-    grads = jax.tree.map(jnp.zeros_like, state.params)
-    scale = jnp.where(denom > 0, 1.0 / jnp.where(denom > 0, denom, 1.0), 0.0)
-    grads = jax.tree.map(lambda g: g * scale, grads)
-    updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {"loss": jnp.float32(0.0), "grad_norm": optax.global_norm(grads)}
+  def _no_rows_program(self, state: TrainState):
+    metrics = {"loss": jnp.float32(0.0), "grad_norm": jnp.float32(0.0)}
     metrics.update({f"{r}_tokens": jnp.int32(0) for r in ROLES})
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    zeros = jax.tree.map(jnp.zeros_like, state.params)
+    return self._optimizer_update(state, zeros), metrics
 
   def _sums_program(self, state: TrainState, batch: dict[str, jax.Array]):
     with parallel.activation_sharding(self.mesh, self.rules):
@@ -413,18 +410,17 @@ class Trainer:
             and cfg.kl_coef == 0 and cfg.entropy_coef == 0
             and loss_lib.sequence_denominator(cfg, 1) is not None)
 
-  def step_without_rows(self, state: TrainState, denom: float):
+  def step_without_rows(self, state: TrainState):
     """The update of a batch whose every row has a zero loss: a zero gradient, applied.
 
     With AdamW this is not a no-op (the moments decay, and their remaining momentum and
     the weight decay still move the weights), so it is what the forward and backward
-    pass of those rows would have given, without running them. `denom` is their loss
-    denominator (the gradient is zero either way).
+    pass of those rows would have given, without running them.
 
     Returns:
       (new state, metrics "loss" 0, "grad_norm" 0 and `<role>_tokens` 0).
     """
-    return self._no_rows(state, jnp.float32(denom))
+    return self._no_rows(state)
 
   def step(self, state: TrainState,
            batch: Mapping[str, Any] | Sequence[Mapping[str, Any]],

@@ -33,7 +33,6 @@ def train(trainer, state: TrainState, rows: list[Row],
     skipped = [r for r in rows if r.advantage == 0]
     rows = [r for r in rows if r.advantage != 0]
   counts = [loss_tokens(r, tc.seq_len) for r in skipped]
-  extra = sum(sequence_denominator(trainer.loss_cfg, n) for n in counts)
   if rows or not skipped:
     batches, metrics = build_batches(rows, tc.batch_size, tc.seq_len, pad_id,
                                      share_prefix=tc.share_prefix,
@@ -42,11 +41,12 @@ def train(trainer, state: TrainState, rows: list[Row],
                                      waste=trainer.width_waste,
                                      patience=tc.width_patience)
     metrics = dict(metrics)
+    extra = sum(sequence_denominator(trainer.loss_cfg, n) for n in counts)
     state, tm = trainer.step(state, batches, extra_denom=extra)
   else:
     metrics = {"batch/batches": 0.0, "batch/rows": 0.0, "batch/loss_tokens": 0.0,
                "batch/width": 0.0, "batch/shared_tokens": 0.0}
-    state, tm = trainer.step_without_rows(state, extra)
+    state, tm = trainer.step_without_rows(state)
   # Rows of the update per role, the skipped ones included (they are in the update).
   for role in ROLES:
     metrics[f"batch/{role}_rows"] = float(sum(1 for r in rows + skipped if r.role == role))

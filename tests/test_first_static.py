@@ -48,3 +48,14 @@ def test_restore_brings_back_the_first_warm_start_by_digest(tmp_path):
     assert json.load(f)["hidden_size"] == 320
   (tmp_path / "hf" / "model.safetensors").write_bytes(b"not these weights")
   assert fs.restore(hf) == hf and common.weights_digest(hf) == fs.FIRST_SHA256
+
+
+def test_repeats_counts_answers_a_play_already_gave():
+  records = [{"family": "ordering", "actions": ["\\boxed{Cy}", "x \\boxed{Di}", "\\boxed{Di}",
+                                                "\\boxed{Cy}"]},
+             {"family": "ordering", "actions": ["\\boxed{Bo}"]},
+             {"family": "guess_number", "actions": ["7", "7 ", "3 \\boxed{8}"]}]
+  got = fs.repeats(records)
+  assert got["ordering"] == pytest.approx(2 / 3)  # Di and Cy again, of 3 later answers
+  assert got["guess_number"] == pytest.approx(1 / 2)  # "7" twice; "8" is new
+  assert got["all"] == pytest.approx(3 / 5)

@@ -1,12 +1,13 @@
 r"""The first experiment's `static` arm again, on today's learner and its own warm start.
 
   python -m experiments.mechanism.first_static [--seeds=0,1,2] [--iterations=30]
+      [--set=loss.aggregation=seq_mean_token_mean]   # a variant, its runs named apart
 
 The first experiment (`results/first/`) trained a 10.6M model from scratch; its `static`
 arm ended below its warm start even on the levels it trained on (levels 1-2 of its ten
 seen families, greedy, 16 seeds an item: warm start 0.588, `static` 0.513 ± 0.094). This
-reruns that arm with the learner as it is now (tempered log-probs, ...) and measures the
-same score before and after:
+reruns that arm with the learner as it is now (the tempered policy trained, zero-advantage
+rows left out, ...) and measures the same score before and after:
 
 * the warm start is the first experiment's own (SHA-256 `FIRST_SHA256`, restored from the
   repository's history into `$SPADE_JAX_CACHE/mechanism/first/warm_start/hf`; a clone
@@ -15,27 +16,31 @@ same score before and after:
   4 hinted) plays an iteration, 30 iterations, lr 5e-5, everything else today's
   `experiments/configs/mechanism.py:arm=static`;
 * the score: greedy plays of those families at levels 1-2, seeds 10,000-10,015, by the
-  `families` suite, at the start (first seed's run only: greedy, so the same for every
-  seed) and after the last iteration.
+  `families` suite, of the warm start and of each run's last checkpoint, with the plays'
+  records kept to count repeated answers (a guess the env already turned down).
 
-Runs live in `$SPADE_JAX_CACHE/mechanism/first/static-<seed>` and resume from their
-checkpoints; `results/first/static_rerun.json` holds the per-seed scores and the summary.
+Runs live in `$SPADE_JAX_CACHE/mechanism/first/static-<seed>[-<settings>]` and resume from
+their checkpoints; `results/first/static_rerun[-<settings>].json` holds the scores, the
+repeat rates and each run's training series.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 
 from absl import app
 from absl import flags
+import jax
 
 from experiments.configs import common as recipes
 from experiments.configs import mechanism as configs
 from experiments.mechanism import common, report
+from spade_jax import eval as ev, models, sampling
 from spade_jax.envs.families import FAMILIES, NUM_LEVELS
-from spade_jax.selfplay import loop
+from spade_jax.selfplay import loop, workdir as runs
 
 # The first experiment's seen families (its held-out one was knights_knaves).
 FIRST_FAMILIES = ("arithmetic_chain", "guess_number", "ordering", "prime_factors",
@@ -113,47 +118,109 @@ def levels_score(point: dict) -> float | None:
   return sum(vals) / len(vals)
 
 
-def run(seeds, iterations: int = 30, record: str = RECORD) -> dict:
-  """Runs (or resumes) every seed, then writes and returns the record."""
+def _answer(action: str) -> str:
+  found = re.findall(r"\\boxed\{([^{}]*)\}", action)
+  return (found[-1] if found else action).strip()
+
+
+def repeats(records) -> dict[str, float]:
+  """Per family (and ``all``): the share of a play's answers after its first that repeat
+  an answer it already gave (a guess the env already turned down, where it gives one)."""
+  per: dict[str, list[int]] = {}
+  for r in records:
+    answers = [_answer(a) for a in r["actions"]]
+    rep = sum(a in answers[:i] for i, a in enumerate(answers) if i)
+    n = per.setdefault(r["family"], [0, 0])
+    n[0] += rep
+    n[1] += max(len(answers) - 1, 0)
+  out = {f: rep / max(turns, 1) for f, (rep, turns) in sorted(per.items())}
+  total = [sum(v[i] for v in per.values()) for i in (0, 1)]
+  out["all"] = total[0] / max(total[1], 1)
+  return out
+
+
+def measure(source: str, step: int | None = None) -> dict:
+  """The score's plays again, keeping their records: ``source`` is an HF directory or a
+  run directory (its checkpoint ``step``, default the latest). Returns the score, success
+  per item and the repeat rates."""
+  if os.path.isdir(os.path.join(source, "checkpoints")):
+    c, vocab, params, step = runs.load_run(source, step)
+    model_cfg = c.model
+  else:
+    params, model_cfg, _, directory = models.load_checkpoint("hf:" + source)
+    vocab = models.load_tokenizer(directory)
+  rule = sampling.SamplingConfig(eos_id=vocab.eos_id, pad_id=vocab.pad_id)
+  policy = sampling.Sampler(params, model_cfg, rule, jax.random.key(0), detokenize=vocab.decode)
+  cfg = get_config(0, hf=source).eval.overrides.families.to_dict()
+  result = ev.evaluate(policy, models.ChatTemplate(vocab, thinking=False), ["families"],
+                       {"families": cfg}, progress=ev.line_progress())["families"]
+  return {"source": source, "step": step, "levels_1_2": levels_score(result.scores),
+          "success": {k: v for k, v in result.scores.items() if k.startswith("success/")},
+          "repeats": repeats(result.records)}
+
+
+def _cached(path: str, make) -> dict:
+  """A measurement kept at ``path`` (greedy plays: the same every time), made once."""
+  if os.path.isfile(path):
+    with open(path) as f:
+      return json.load(f)
+  out = make()
+  recipes.write_once(path, json.dumps(out, indent=1))
+  return out
+
+
+def run(seeds, iterations: int = 30, settings=(), record: str = "") -> dict:
+  """Runs (or resumes) every seed, measures the warm start and each run's end with their
+  plays' records, then writes and returns the record. ``settings``: ``key=value`` config
+  overrides (e.g. ``loss.aggregation=seq_mean_token_mean``) that name the runs apart."""
   hf = restore()
-  runs = {}
-  for i, seed in enumerate(seeds):
-    workdir = os.path.join(first_dir(), f"static-{seed}")
-    loop.train(get_config(seed, iterations, hf=hf, at_start=i == 0), workdir)
-    curve = report.collect(workdir, arm="static", seed=seed)["curve"]
-    runs[str(seed)] = {"curve": [{"step": p["step"], "levels_1_2": levels_score(p),
-                                  **{k: v for k, v in p.items() if k.startswith("success/")}}
-                                 for p in curve]}
-  starts = [p["levels_1_2"] for r in runs.values() for p in r["curve"] if p["step"] == 0]
-  ends = [r["curve"][-1]["levels_1_2"] for r in runs.values() if r["curve"]
-          and r["curve"][-1]["step"] >= iterations]
-  start = starts[0] if starts else None
-  end = report.mean_ci(ends)
-  out = {"warm_start": {"sha256": FIRST_SHA256, "rev": FIRST_REV},
-         "arm_args": ARM_ARGS, "iterations": iterations, "eval_seeds": EVAL_SEEDS,
-         "families": FIRST_FAMILIES, "levels": LEVELS, "runs": runs, "start": start,
-         "end": {"mean": end[0], "ci95": end[1], "n": end[2], "per_seed": ends},
-         "first_experiment": {"start": 0.588, "end_mean": 0.513, "end_ci95": 0.094}}
-  if start is not None:
-    gain = report.mean_ci([e - start for e in ends])
-    out["gain"] = {"mean": gain[0], "ci95": gain[1], "n": gain[2]}
+  slug = "-".join(re.sub(r"[^A-Za-z0-9_.=]", "", s).replace("=", "_") for s in settings)
+  record = record or RECORD.replace(".json", f"-{slug}.json" if slug else ".json")
+  out = {"warm_start": {"sha256": FIRST_SHA256, "rev": FIRST_REV}, "arm_args": ARM_ARGS,
+         "settings": list(settings), "iterations": iterations, "eval_seeds": EVAL_SEEDS,
+         "families": FIRST_FAMILIES, "levels": LEVELS,
+         "first_experiment": {"start": 0.588, "end_mean": 0.513, "end_ci95": 0.094},
+         "start": _cached(os.path.join(first_dir(), "start.json"), lambda: measure(hf)),
+         "runs": {}}
+  for seed in seeds:
+    workdir = os.path.join(first_dir(), f"static-{seed}" + (f"-{slug}" if slug else ""))
+    config = get_config(seed, iterations, hf=hf, at_start=False)
+    for s in settings:
+      key, value = s.split("=", 1)
+      section, field = key.split(".")
+      config[section][field] = type(config[section][field])(value)
+    loop.train(config, workdir)
+    out["runs"][str(seed)] = _cached(os.path.join(workdir, f"measure_{iterations}.json"),
+                                     lambda w=workdir: measure(w, iterations))
+    out["runs"][str(seed)]["train"] = report.collect(workdir, arm="static", seed=seed)["series"]
+  start = out["start"]["levels_1_2"]
+  ends = [r["levels_1_2"] for r in out["runs"].values()]
+  for name, xs in (("end", ends), ("gain", [e - start for e in ends])):
+    m, ci, n = report.mean_ci(xs)
+    out[name] = {"mean": m, "ci95": ci, "n": n, "per_seed": xs}
   os.makedirs(os.path.dirname(record), exist_ok=True)
   with open(record + ".tmp", "w") as f:
     json.dump(out, f, indent=1)
   os.replace(record + ".tmp", record)
-  print(f"levels {LEVELS[0]}-{LEVELS[-1]} greedy success: start {start}, after "
-        f"{iterations} iterations {end[0]:.3f} ± {end[1]:.3f} (n={end[2]}, per seed "
-        f"{[round(e, 3) for e in ends]}); wrote {record}", flush=True)
+  print(f"levels {LEVELS[0]}-{LEVELS[-1]} greedy success: start {start:.3f}, after "
+        f"{iterations} iterations {out['end']['mean']:.3f} ± {out['end']['ci95']:.3f} "
+        f"(per seed {[round(e, 3) for e in ends]}); repeated answers: start "
+        f"{out['start']['repeats']['all']:.3f}, after "
+        f"{[round(r['repeats']['all'], 3) for r in out['runs'].values()]}; wrote {record}",
+        flush=True)
   return out
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  run([int(s) for s in _SEEDS.value], _ITERATIONS.value)
+  run([int(s) for s in _SEEDS.value], _ITERATIONS.value, _SET.value)
 
 
 if __name__ == "__main__":
   _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds to run.")
   _ITERATIONS = flags.DEFINE_integer("iterations", 30, "Iterations a run.")
+  _SET = flags.DEFINE_multi_string("set", [], "A config override SECTION.FIELD=VALUE that "
+                                   "names the runs apart, e.g. loss.aggregation=seq_mean_"
+                                   "token_mean.")
   app.run(main)

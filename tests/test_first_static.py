@@ -59,3 +59,20 @@ def test_repeats_counts_answers_a_play_already_gave():
   assert got["ordering"] == pytest.approx(2 / 3)  # Di and Cy again, of 3 later answers
   assert got["guess_number"] == pytest.approx(1 / 2)  # "7" twice; "8" is new
   assert got["all"] == pytest.approx(3 / 5)
+
+
+def test_table_reads_every_record(tmp_path):
+  m = lambda v, r: {"levels_1_2": v, "repeats": {f: r for f in fs.ENUMERATED}}
+  for name, settings, ends in (("static_rerun.json", [], [0.5, 0.8]),
+                               ("static_rerun-x.json", ["loss.aggregation=x"], [0.7])):
+    gain = [e - 0.55 for e in ends]
+    (tmp_path / name).write_text(json.dumps({
+        "settings": settings, "start": m(0.55, 0.2),
+        "runs": {str(i): m(e, 0.4) for i, e in enumerate(ends)},
+        "end": {"mean": sum(ends) / len(ends), "n": len(ends), "per_seed": ends},
+        "gain": {"mean": sum(gain) / len(gain), "ci95": 0.1 if len(ends) > 1 else float("nan")}}))
+  (tmp_path / "static-0.json").write_text("{}")  # not a rerun record
+  rows = fs.table(str(tmp_path)).splitlines()
+  assert len(rows) == 4
+  assert "`loss.aggregation=x`" in rows[2] and "0.550 -> 0.700 (0.700) | +0.150 |" in rows[2]
+  assert "0.550 -> 0.650 (0.500, 0.800) | +0.100 ± 0.100 | 0.20 -> 0.40, 0.40 |" in rows[3]

@@ -2,6 +2,7 @@ r"""The first experiment's `static` arm again, on today's learner and its own wa
 
   python -m experiments.mechanism.first_static [--seeds=0,1,2] [--iterations=30]
       [--set=loss.aggregation=seq_mean_token_mean]   # a variant, its runs named apart
+  python -m experiments.mechanism.first_static --table  # the README's table from results/
 
 The first experiment (`results/first/`) trained a 10.6M model from scratch; its `static`
 arm ended below its warm start even on the levels it trained on (levels 1-2 of its ten
@@ -211,10 +212,38 @@ def run(seeds, iterations: int = 30, settings=(), record: str = "") -> dict:
   return out
 
 
+# The families the warm start wins by naming distinct answers until one is accepted.
+ENUMERATED = ("ordering", "pet_owners", "code_breaker", "number_sequence")
+
+
+def table(results_dir: str = os.path.dirname(RECORD)) -> str:
+  """The README's table, from every ``static_rerun*.json`` there."""
+  lines = ["| runs | seeds | levels 1-2 greedy success: start -> end (per seed) | gain (95% t) "
+           "| repeated answers in " + ", ".join(f"`{f}`" for f in ENUMERATED) + ": start -> end |",
+           "|---|---|---|---|---|"]
+  for name in sorted(os.listdir(results_dir)):
+    if not (name.startswith("static_rerun") and name.endswith(".json")):
+      continue
+    with open(os.path.join(results_dir, name)) as f:
+      d = json.load(f)
+    rep = lambda m: sum(m["repeats"][f] for f in ENUMERATED) / len(ENUMERATED)
+    ends = ", ".join(f"{e:.3f}" for e in d["end"]["per_seed"])
+    ci = d["gain"]["ci95"]
+    gain = f"{d['gain']['mean']:+.3f}" + (f" ± {ci:.3f}" if ci == ci else "")
+    runs = "today's `static`" + (" with " + ", ".join(f"`{s}`" for s in d["settings"])
+                                 if d["settings"] else "")
+    lines.append(f"| {runs} | {d['end']['n']} | {d['start']['levels_1_2']:.3f} -> "
+                 f"{d['end']['mean']:.3f} ({ends}) | {gain} | {rep(d['start']):.2f} -> "
+                 + ", ".join(f"{rep(r):.2f}" for r in d["runs"].values()) + " |")
+  return "\n".join(lines)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  run([int(s) for s in _SEEDS.value], _ITERATIONS.value, _SET.value)
+  if not _TABLE.value:
+    run([int(s) for s in _SEEDS.value], _ITERATIONS.value, _SET.value)
+  print(table())
 
 
 if __name__ == "__main__":
@@ -223,4 +252,5 @@ if __name__ == "__main__":
   _SET = flags.DEFINE_multi_string("set", [], "A config override SECTION.FIELD=VALUE that "
                                    "names the runs apart, e.g. loss.aggregation=seq_mean_"
                                    "token_mean.")
+  _TABLE = flags.DEFINE_bool("table", False, "Only print the table from the results files.")
   app.run(main)

@@ -3,6 +3,7 @@ r"""The first experiment's `static` arm again, on today's learner and its own wa
   python -m experiments.mechanism.first_static [--seeds=0,1,2] [--iterations=30]
       [--set=loss.aggregation=seq_mean_token_mean]   # a variant, its runs named apart
   python -m experiments.mechanism.first_static --table  # the README's table from results/
+                                                        # (also written into the README)
 
 The first experiment (`results/first/`) trained a 10.6M model from scratch; its `static`
 arm ended below its warm start even on the levels it trained on (levels 1-2 of its ten
@@ -243,7 +244,10 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   if not _TABLE.value:
     run([int(s) for s in _SEEDS.value], _ITERATIONS.value, _SET.value)
-  print(table())
+  text = table()
+  print(text)
+  if report.fill(common.README, "first_static", text + "\n"):
+    print(f"filled {common.README}", flush=True)
 
 
 if __name__ == "__main__":

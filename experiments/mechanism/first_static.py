@@ -42,6 +42,7 @@ from experiments.configs import mechanism as configs
 from experiments.mechanism import common, report
 from spade_jax import eval as ev, models, sampling
 from spade_jax.envs.families import FAMILIES, NUM_LEVELS
+from spade_jax.sandbox.worker import actions
 from spade_jax.selfplay import loop, workdir as runs
 
 # The first experiment's seen families (its held-out one was knights_knaves).
@@ -121,8 +122,8 @@ def levels_score(point: dict) -> float | None:
 
 
 def _answer(action: str) -> str:
-  found = re.findall(r"\\boxed\{([^{}]*)\}", action)
-  return (found[-1] if found else action).strip()
+  boxed = actions.last_boxed(action)
+  return (action if boxed is None else boxed).strip()
 
 
 def repeats(records) -> dict[str, float]:

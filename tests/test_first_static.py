@@ -17,7 +17,7 @@ def _has_history() -> bool:
 
 def test_config_is_the_first_arm_on_todays_static_config(tmp_path, monkeypatch):
   monkeypatch.setenv("SPADE_JAX_CACHE", str(tmp_path))
-  c = fs.get_config(3, 30, hf="/x/hf", at_start=False)
+  c = fs.get_config(3, 30, hf="/x/hf")
   assert c.model.init_from == "hf:/x/hf" and c.seed == 3 and c.iterations == 30
   assert c.optimizer.learning_rate == 5e-5 and c.selfplay.env_source == "static_pool"
   assert (c.selfplay.num_envs, c.selfplay.plays, c.selfplay.hinted_plays) == (8, 4, 4)

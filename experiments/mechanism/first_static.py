@@ -99,13 +99,13 @@ def pool_path() -> str:
                             "".join(json.dumps(r) + "\n" for r in rows))
 
 
-def get_config(seed: int, iterations: int = 30, *, hf: str, at_start: bool = True):
+def get_config(seed: int, iterations: int = 30, *, hf: str):
   """The rerun's config: today's static arm with the first experiment's budget and pool."""
   c = configs.get_config(f"arm=static,seed={seed},warm_start={hf},{ARM_ARGS},"
                          f"iterations={iterations},eval_every={iterations}")
   c.static_pool.path = pool_path()
   c.train.seq_len = 2560  # the first experiment's rows: no designer row trains here
-  c.eval.at_start = at_start
+  c.eval.at_start = False  # the warm start is measured apart (`measure`, cached)
   c.eval.overrides.families = dict(
       families=",".join(f"{n}:{LEVELS[0]}-{LEVELS[-1]}" for n in FIRST_FAMILIES),
       seeds=EVAL_SEEDS, samples=1, temperature=0.0, greedy=False,
@@ -187,7 +187,7 @@ def run(seeds, iterations: int = 30, settings=(), record: str = "") -> dict:
          "runs": {}}
   for seed in seeds:
     workdir = os.path.join(first_dir(), f"static-{seed}" + (f"-{slug}" if slug else ""))
-    config = get_config(seed, iterations, hf=hf, at_start=False)
+    config = get_config(seed, iterations, hf=hf)
     for s in settings:
       key, value = s.split("=", 1)
       section, field = key.split(".")

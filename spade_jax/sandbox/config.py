@@ -69,6 +69,12 @@ class SandboxConfig:
       workers started one by one, nothing under bubblewrap (the interpreter is
       mounted readable, so programs import lazily and workers boot fastest)
       and DEFAULT_PREIMPORT otherwise.
+    modules: host modules (dotted names) whose ``sandbox_module()`` returns
+      ``(import name, source)``: every worker builds that module from the source
+      (after ``preimport``, before it is confined), so programs may import it by
+      name (e.g. ``spade_jax.envs.families.library``: ``from families import ...``).
+      The source runs inside the sandbox like a program; allow its import name in
+      ``ValidationConfig.allowed_imports``.
     self_test: run an isolation probe program when the pool starts and log the
       layers that actually hold.
     python: interpreter for workers (default: the running interpreter's base
@@ -106,6 +112,7 @@ class SandboxConfig:
   uid_count: int = 60000
   scratch_root: str | None = None
   preimport: tuple[str, ...] | None = None
+  modules: tuple[str, ...] = ()
   self_test: bool = True
   python: str | None = None
   fork_server: bool = True

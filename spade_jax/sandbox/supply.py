@@ -75,6 +75,7 @@ class WorkerSupply:
     self._server_restarts = 0
     self.fork_server_note = ""
     self.preimport: tuple[str, ...] = ()
+    self.modules = worker_modules(cfg.modules)
     self.plan = plan
     self.adopt(plan)
 
@@ -128,7 +129,8 @@ class WorkerSupply:
     zcfg = {"zygote": True, "rlimits": rlimits, "mask_paths": self._mask,
             "tmpfs_paths": self._tmpfs,
             "keep_paths": [self._scratch_root] + isolation.python_dirs(plan.python),
-            "preimport": list(self.preimport), "pidns": plan.launcher != "none",
+            "preimport": list(self.preimport), "modules": self.modules,
+            "pidns": plan.launcher != "none",
             "scratch_probe": isolation.BWRAP_SCRATCH if plan.launcher == "bwrap" else None,
             "confine": isolation.confine_spec(cfg, plan, inside, self._confine_code,
                                               self._python_hexversion),
@@ -242,6 +244,7 @@ class WorkerSupply:
     wcfg = {"scratch": inside, "chown_scratch": inside != scratch,
             "uid": uid, "gid": uid, "rlimits": rlimits,
             "preimport": list(self.preimport if preimport is None else preimport),
+            "modules": self.modules,
             "no_new_privs": self.plan.launcher != "bwrap",
             "max_message_bytes": cfg.max_message_bytes,
             "max_observation_chars": cfg.max_observation_chars,
@@ -403,3 +406,20 @@ def _kill_uid(uid: int) -> None:
         os.kill(pid, 9)
     except OSError:
       pass
+
+
+def worker_modules(names: Sequence[str]) -> list[list[str]]:
+  """[import name, source] of each ``SandboxConfig.modules`` entry (a host module whose
+  ``sandbox_module()`` gives them), checked here so a bad name fails at pool start."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  out = []
+  for name in names:
+    try:
+      make = getattr(importlib.import_module(name), "sandbox_module")
+    except (ImportError, AttributeError) as e:
+      raise ValueError(f"SandboxConfig.modules entry {name!r}: expected an importable module "
+                       f"defining sandbox_module() -> (import name, source) ({e})") from e
+    import_name, source = make()
+    compile(source, f"<sandbox module {import_name}>", "exec")  # a syntax error fails here
+    out.append([import_name, source])
+  return out

@@ -164,6 +164,22 @@ def _drop_caps(libc):
   libc.capset(header, data)
 
 
+def build_modules(specs):
+  """Builds each ``[import name, source]`` of ``SandboxConfig.modules`` as a module
+  programs may import (one already built, e.g. by the fork server, is kept)."""
+  import types  # pylint: disable=import-outside-toplevel
+  for name, source in specs:
+    if name in sys.modules:
+      continue
+    mod = types.ModuleType(name)
+    sys.modules[name] = mod
+    try:
+      exec(compile(source, "<sandbox module %s>" % name, "exec"), mod.__dict__)
+    except BaseException:
+      del sys.modules[name]
+      raise
+
+
 def harden(cfg, confine_ns, confine_why, libc=None):
   """Limits, pre-imports, uid drop, scratch cwd, then landlock and seccomp.
 
@@ -177,6 +193,7 @@ def harden(cfg, confine_ns, confine_why, libc=None):
         __import__(name)
       except ImportError:
         pass
+  build_modules(cfg.get("modules", ()))
   libc = libc or libc_handle()
   if cfg.get("no_new_privs", True):
     libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS

@@ -65,6 +65,7 @@ def _zygote_start(cfg):
       __import__(name)
     except ImportError:
       pass
+  jail.build_modules(cfg.get("modules", ()))
   z.libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS, inherited by every worker
   os.chdir("/")
   ready = {"ok": True, "pidns": False, "why": ""}

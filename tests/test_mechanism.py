@@ -8,7 +8,7 @@ import pytest
 from experiments.configs import mechanism as configs
 from experiments.mechanism import common, data, report, run, warm_start
 from spade_jax import models
-from spade_jax.envs.families import FAMILIES, NUM_LEVELS
+from spade_jax.envs.families import FAMILIES, NUM_LEVELS, library
 
 
 def _flat(d, prefix=""):
@@ -46,11 +46,31 @@ def test_arm_configs_differ_only_where_the_arm_says():
     run.run_all(["spade", "warm_start"], [0])
 
 
-def test_static_pool_holds_every_seen_family_at_every_level():
-  with open(configs.static_pool_path()) as f:
-    ids = [json.loads(line)["id"] for line in f]
+@pytest.mark.parametrize("programs", data.PROGRAMS)
+def test_static_pool_holds_every_seen_family_at_every_level(programs):
+  with open(configs.static_pool_path(programs)) as f:
+    rows = [json.loads(line) for line in f]
+  ids = [r["id"] for r in rows]
   assert ids == [f"{n}:{lv}" for n in common.seen() for lv in range(NUM_LEVELS)]
   assert not any(i.startswith(common.HELD_OUT) for i in ids)
+  imports = ["from families import" in r["program"] for r in rows]
+  assert all(imports) if programs == "library" else not any(imports)
+  for r in rows:  # the report reads family and level back from either form
+    name, lv = r["id"].split(":")
+    assert common.family_of(r["program"]) == (name, pytest.approx(int(lv), abs=1.0))
+
+
+def test_library_programs_are_the_default_and_run_where_the_arms_run():
+  for arm in ("warm_start",) + common.ARMS:
+    c = configs.get_config(f"arm={arm}")
+    assert c.sandbox.modules == (library.__name__,)
+    assert "families" in c.validation.allowed_imports
+    assert c.selfplay.designer_new_tokens == common.DESIGNER_NEW_TOKENS["library"]
+  full = configs.get_config("arm=spade,programs=full")
+  assert full.sandbox.modules == () and "allowed_imports" not in full.validation
+  assert full.selfplay.designer_new_tokens == common.DESIGNER_NEW_TOKENS["full"]
+  with pytest.raises(ValueError, match="programs"):
+    configs.get_config("arm=spade,programs=short")
 
 
 def test_warm_start_config_is_sft_from_smollm2_and_the_longest_program_fits():
@@ -61,9 +81,20 @@ def test_warm_start_config_is_sft_from_smollm2_and_the_longest_program_fits():
   assert run_cfg.train.objective == "sft" and run_cfg.loss.kl_coef == 0.0
   _, hf = models.resolve_checkpoint(common.BASE)
   vocab = models.HFTokenizer(hf)
-  longest = max(len(vocab.encode(data.designer_reply(f.program_at(lv))))
-                for f in FAMILIES.values() for lv in range(NUM_LEVELS))
-  assert longest + 1 <= common.DESIGNER_NEW_TOKENS, longest
+  for programs, budget in common.DESIGNER_NEW_TOKENS.items():
+    longest = max(len(vocab.encode(data.designer_reply(data.render(programs, f, knobs))))
+                  for f in FAMILIES.values() for knobs in _extremes(f))
+    assert longest + 1 <= budget, (programs, longest)
+
+
+def _extremes(fam):
+  """Knob values at every level, and each knob at its widest allowed value."""
+  yield from (fam.levels(lv) for lv in range(NUM_LEVELS))
+  for k in fam.knobs:
+    try:
+      yield fam.resolve(**{k.name: k.high})
+    except ValueError:
+      continue
 
 
 @pytest.fixture(scope="module")

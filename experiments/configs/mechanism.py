@@ -20,6 +20,10 @@ Arguments (`get_config("arm=spade,seed=0[,iterations=..,eval_every=..,smoke]")`)
     per seed (success and pass@k) and one greedy play.
   warm_start: the warm start's HF directory (default: the cache's,
     `$SPADE_JAX_CACHE/mechanism/warm_start/hf`).
+  programs: what the designer writes: `library` (default; a short program that imports a
+    seen family from the sandbox module `families` and sets its knobs,
+    `spade_jax.envs.families.library`) or `full` (the whole family program, up to 1,448
+    tokens; ~4x the warm start's and the designer's compute). Also the static pool's form.
   smoke: a tiny random model (`experiments/configs/common.tiny_hf_checkpoint`) instead of
     SmolLM2, one iteration, two envs, a one-item evaluation (the test suite runs it).
 """
@@ -33,11 +37,12 @@ import ml_collections
 
 from experiments.configs import common
 from experiments.mechanism import common as mech
-from spade_jax.envs.families import FAMILIES, NUM_LEVELS
+from experiments.mechanism import data
+from spade_jax.envs.families import FAMILIES, NUM_LEVELS, library
 
 ARGS = dict(arm="spade", seed=0, iterations=20, eval_every=5, envs=4, plays=4, hinted=2,
-            lr=1e-5, eval_seeds=4, eval_samples=4, warm_start="", steps=240,
-            designer_rows=480, agent_rows=960, sft_lr=3e-5, smoke=False)
+            lr=1e-5, eval_seeds=4, eval_samples=4, warm_start="", programs="library",
+            steps=48, designer_rows=160, agent_rows=480, sft_lr=3e-5, smoke=False)
 ROLES = ("warm_start",) + mech.ARMS
 
 
@@ -57,17 +62,22 @@ def starting_items() -> str:
                   [f"{mech.HELD_OUT}:{lv}" for lv in (0, 2, 4)])
 
 
-def static_pool_path() -> str:
-  """The static arm's pool (JSONL in the cache): every seen family at every level."""
-  rows = [{"id": f"{n}:{lv}", "program": FAMILIES[n].program_at(lv)}
+def static_pool_path(programs: str = "library") -> str:
+  """The static arm's pool (JSONL in the cache): every seen family at every level, as the
+  designers write programs (``programs``, see `experiments/mechanism/data.render`)."""
+  rows = [{"id": f"{n}:{lv}", "program": data.render(programs, FAMILIES[n],
+                                                      FAMILIES[n].levels(lv))}
           for n in mech.seen() for lv in range(NUM_LEVELS)]
-  return common.write_once(os.path.join(mech.cache_dir(), "static_pool.jsonl"),
+  name = "static_pool.jsonl" if programs == "full" else f"static_pool_{programs}.jsonl"
+  return common.write_once(os.path.join(mech.cache_dir(), name),
                            "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def get_config(arg: str = "") -> ml_collections.ConfigDict:
   a = common.parse_arg(arg, **ARGS)
   common.choose("arm", a.arm, {r: 0 for r in ROLES})
+  common.choose("programs", a.programs, {p: 0 for p in data.PROGRAMS})
+  full = a.programs == "full"
   if a.arm == "warm_start":
     start = common.tiny_hf_checkpoint() if a.smoke else mech.BASE
     start = start if start.startswith("gguf:") else "hf:" + start
@@ -77,15 +87,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = a.seed
   c.iterations = a.steps if a.arm == "warm_start" else a.iterations
-  c.checkpoint_every = 20 if a.arm == "warm_start" else 1
+  c.checkpoint_every = 4 if a.arm == "warm_start" else 1
   c.keep_checkpoints = 2
   c.tokenizer = ""  # the checkpoint's
   c.model = dict(init_from=start, param_dtype="float32", compute_dtype="float32",
-                 remat="full")
+                 remat="full" if full else "none")
   c.mesh = dict(data=1, fsdp=-1, tensor=1, expert=1, rules="fsdp")
-  # A designer row: a 2,048-token prompt and a program of up to 1,536 tokens.
-  c.train = dict(batch_size=8, seq_len=3584, num_microbatches=4, logprob_chunk=256,
-                 old_logps="recompute", objective="grpo", share_prefix=16)
+  # A designer row: a prompt of up to 2,048 tokens and the program (a library program
+  # ~130 tokens, a full one up to 1,536).
+  c.train = dict(batch_size=8, seq_len=3584 if full else 2304, num_microbatches=4,
+                 logprob_chunk=256, old_logps="recompute", objective="grpo", share_prefix=16)
   c.loss = dict(common.LOSS, kl_coef=0.0)
   c.optimizer = dict(common.OPTIMIZER, learning_rate=a.lr)
   c.sampling = dict(common.SAMPLING)
@@ -96,15 +107,17 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       setting=mech.SETTING, skills=skills, num_envs=a.envs, plays=a.plays,
       hinted_plays=a.hinted, max_turns=mech.MAX_TURNS,
       agent_turn_tokens=mech.AGENT_TURN_TOKENS,
-      designer_new_tokens=mech.DESIGNER_NEW_TOKENS,
+      designer_new_tokens=mech.DESIGNER_NEW_TOKENS[a.programs],
       designer_prompt_tokens=mech.DESIGNER_PROMPT_TOKENS, skills_per_regen=a.envs,
       designer_resamples=1, regen_every=1, hint_source="program", fill_from_pool=True,
       designer_thinking=False, agent_thinking=False)
   c.rewards = dict(variant="blend", credit_window=1, invalid_penalty=-1.0)
   c.corpus = dict(source="embedded", max_words=400)
   c.memory = dict(capacity=200, num_exemplars=1, negatives=False)
-  c.sandbox = dict(num_workers=4)
+  c.sandbox = dict(num_workers=4, modules=() if full else (library.__name__,))
   c.validation = dict(random_episodes=2, random_steps=3)
+  if not full:  # library programs import the families (`from families import ...`)
+    c.validation.allowed_imports = library.ALLOWED_IMPORTS
   c.static_pool = dict(path="", key="", validate=True)
   c.eval = dict(common.EVAL, suites="families", every=a.eval_every, at_start=True)
   c.eval.overrides = dict(families=dict(
@@ -114,7 +127,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       max_len=3072))
   if a.arm == "static":
     c.selfplay.env_source = "static_pool"
-    c.static_pool.path = static_pool_path()
+    c.static_pool.path = static_pool_path(a.programs)
   elif a.arm == "solve_rate":
     c.rewards.variant = "solve_rate"
   elif a.arm == "frozen_designer":
@@ -125,7 +138,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.optimizer = dict(common.OPTIMIZER, learning_rate=a.sft_lr, weight_decay=0.0)
     # What the SFT rows are (not a run section: warm_start.py takes it off before the
     # config reaches the library, and keeps it in the run's config.json).
-    c.sft = dict(designer_rows=a.designer_rows, agent_rows=a.agent_rows,
+    c.sft = dict(programs=a.programs, designer_rows=a.designer_rows, agent_rows=a.agent_rows,
                  agent_levels=(0, 1, 2, 2, 3, 4), slip=0.2, slip_hinted=0.1,
                  hinted_frac=0.3, designer_eval=24, agent_eval_seeds=4,
                  agent_eval_items=starting_items(),

@@ -20,7 +20,9 @@ SETTING = "games"
 MAX_TURNS = 12                 # the run's turn cap; every family's own TURNS is below it
 AGENT_TURN_TOKENS = 48         # a worked step, "\boxed{...}" and the end-of-turn id
 DESIGNER_PROMPT_TOKENS = 2048  # the designer prompt (one exemplar program fits)
-DESIGNER_NEW_TOKENS = 1536     # the longest family program is 1,448 SmolLM2 tokens
+# What the designer may write, by program form: the longest library program is ~190
+# SmolLM2 tokens, the longest full family program 1,448.
+DESIGNER_NEW_TOKENS = {"library": 256, "full": 1536}
 DESIGNER_LEVEL = 2             # the level the designers' programs start at (medium)
 HARDER_LEVEL = 4
 

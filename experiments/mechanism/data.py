@@ -4,7 +4,8 @@ Both kinds of rows are token-for-token what a self-play run of this experiment b
 
 * designer rows: ``chat.prompt(None, designer_prompt(skill, document, exemplars))`` (the
   run's prompt renderer, corpus and token budget), then the reply ```` ```python\\n<program>
-  \\n``` ```` and the end-of-turn id; the program is a seen family at knob values drawn
+  \\n``` ```` and the end-of-turn id; the program (by default the short library program
+  that imports the family, ``render``) is a seen family at knob values drawn
   per knob from the family's difficulty levels, so the warm-started designer writes every
   difficulty and regret can move it. Half the prompts show up to ``num_exemplars`` memory exemplars
   (other programs of the skill), as prompts do once the run's memory fills.
@@ -31,7 +32,7 @@ import numpy as np
 
 from spade_jax import designer as dz
 from spade_jax import envs
-from spade_jax.envs.families import FAMILIES, Family, by_skill
+from spade_jax.envs.families import FAMILIES, Family, by_skill, library
 from spade_jax.envs.families.noisy import noisy_action
 from spade_jax.models.chat import ChatTemplate
 from spade_jax.rl import ROLES
@@ -74,15 +75,32 @@ def designer_reply(program: str) -> str:
   return f"```python\n{program.rstrip()}\n```"
 
 
+PROGRAMS = ("library", "full")  # what the designer writes (see `render`)
+
+
+def render(programs: str, family: Family, knobs: dict[str, int]) -> str:
+  """A family's program at ``knobs`` as the designer writes it: ``"library"``, the short
+  program that imports the family (``envs.families.library``), or ``"full"``, the whole
+  family program (``Family.program``)."""
+  if programs not in PROGRAMS:
+    raise ValueError(f"programs={programs!r}: expected one of {PROGRAMS}")
+  if programs == "library":
+    return library.program(family.name, **knobs)
+  return family.program(**knobs)
+
+
 def designer_examples(chat: ChatTemplate, corpus, n: int, seed: int, *,
                       families: Sequence[str], budget: int | None, num_exemplars: int = 1,
-                      setting: str = "games", balance: str = "skill") -> list[Example]:
+                      setting: str = "games", balance: str = "skill",
+                      programs: str = "library") -> list[Example]:
   """``n`` designer rows over ``families``: ``balance="skill"`` takes the skills round-robin
   and a family of the skill at random (a skill's families share its rows, as they share
   the run's prompts for it); ``"family"`` takes the families round-robin (each its
-  ``n / len(families)`` rows, the prompt asking for the family's skill)."""
+  ``n / len(families)`` rows, the prompt asking for the family's skill). ``programs``:
+  what the reply (and each exemplar) is, see :func:`render`."""
   if balance not in BALANCES:
     raise ValueError(f"balance={balance!r}: expected one of {BALANCES}")
+  render(programs, FAMILIES[families[0]], {})  # a bad `programs` fails before any work
   rng = random.Random(f"designer:{seed}")
   skills = by_skill(families)
   order = sorted(skills)
@@ -101,14 +119,16 @@ def designer_examples(chat: ChatTemplate, corpus, n: int, seed: int, *,
     if rng.random() < 0.5:
       for _ in range(rng.randint(1, num_exemplars) if num_exemplars else 0):
         other = FAMILIES[rng.choice(skills[skill])]
-        exemplars.append(dz.MemoryRecord(program=other.program(**random_knobs(other, rng)),
+        exemplars.append(dz.MemoryRecord(program=render(programs, other,
+                                                        random_knobs(other, rng)),
                                          skill=skill, setting=setting,
                                          win_rate_nohint=rng.random(),
                                          regret=rng.random() * 0.5))
     text = dz.designer_prompt(setting, skill, corpus.next(), exemplars=exemplars,
                               budget=budget, count=count)
     prompt = chat.prompt(None, text)
-    reply = chat.vocab.encode(designer_reply(fam.program(**knobs))) + [chat.vocab.eos_id]
+    reply = chat.vocab.encode(designer_reply(render(programs, fam, knobs))) + \
+        [chat.vocab.eos_id]
     out.append(Example(prompt + reply, [False] * len(prompt) + [True] * len(reply), DESIGNER,
                        {"family": fam.name, "skill": skill, "knobs": knobs}))
   return out

@@ -10,7 +10,8 @@ The run is `experiments/configs/mechanism.py:arm=warm_start`: `build_run`, `Trai
 (named by a digest of what they are made from):
 
 * designer rows: the run's designer prompt (its renderer, corpus and 2,048-token budget,
-  half of them with a memory exemplar), answered by a seen family's full program at knob
+  half of them with a memory exemplar), answered by a seen family's program (the config's
+  `programs`: by default the short library program) at knob
   values drawn from its levels (`data.designer_examples`);
 * agent rows: seen families played in the sandbox by a scripted player that follows the
   episode's `solution()`, writes the family's worked step before `\boxed{...}` and slips
@@ -84,7 +85,8 @@ def rows(run, sft: dict, seed: int) -> list[data.Example]:
   corpus = data.corpus(os.path.join(common.cache_dir(), "corpus"), seed)
   out = data.designer_examples(chat, corpus, sft["designer_rows"], seed,
                                families=common.seen(),
-                               budget=sft["designer_prompt_tokens"])
+                               budget=sft["designer_prompt_tokens"],
+                               programs=sft["programs"])
   with sandbox.EnvPool(c.sandbox) as pool:
     out += data.agent_examples(pool, chat, sft["agent_rows"], seed, families=common.seen(),
                                levels=sft["agent_levels"], p=sft["slip"],

@@ -42,7 +42,7 @@ from spade_jax.envs.families import FAMILIES, NUM_LEVELS, library
 
 ARGS = dict(arm="spade", seed=0, iterations=20, eval_every=5, envs=4, plays=4, hinted=2,
             lr=1e-5, eval_seeds=4, eval_samples=4, warm_start="", programs="library",
-            steps=48, designer_rows=160, agent_rows=480, sft_lr=3e-5, smoke=False)
+            steps=32, designer_rows=160, agent_rows=480, sft_lr=3e-5, smoke=False)
 ROLES = ("warm_start",) + mech.ARMS
 
 

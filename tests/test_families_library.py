@@ -12,7 +12,7 @@ from spade_jax.sandbox import EnvPool, SandboxConfig
 SANDBOX = SandboxConfig(num_workers=2, call_timeout_s=5.0, load_timeout_s=20.0,
                         self_test=False, modules=("spade_jax.envs.families.library",))
 VALIDATION = ValidationConfig(setting="games", require_solution=True, extract=False,
-                              allowed_imports=library.ALLOWED_IMPORTS)
+                              allowed_imports=library.PROGRAM_IMPORTS)
 
 
 @pytest.fixture(scope="module")

@@ -117,7 +117,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sandbox = dict(num_workers=4, modules=() if full else (library.__name__,))
   c.validation = dict(random_episodes=2, random_steps=3)
   if not full:  # library programs import the families (`from families import ...`)
-    c.validation.allowed_imports = library.ALLOWED_IMPORTS
+    c.validation.allowed_imports = library.PROGRAM_IMPORTS
   c.static_pool = dict(path="", key="", validate=True)
   c.eval = dict(common.EVAL, suites="families", every=a.eval_every, at_start=True)
   c.eval.overrides = dict(families=dict(

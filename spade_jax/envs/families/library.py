@@ -29,7 +29,7 @@ is about a tenth as long: a designer writes ~130 tokens instead of up to 1,448.
 
 To run them: ``SandboxConfig(modules=(__name__,))`` makes every worker build the module
 (:func:`sandbox_module`, from ``envs/programs/templates/families_library.py``) before it is
-confined, and ``ValidationConfig(allowed_imports=ALLOWED_IMPORTS)`` lets the static checks
+confined, and ``ValidationConfig(allowed_imports=PROGRAM_IMPORTS)`` lets the static checks
 pass the import.
 """
 
@@ -41,7 +41,7 @@ from spade_jax.envs.programs import load_program
 
 IMPORT_NAME = "families"
 """What a library program imports."""
-ALLOWED_IMPORTS = _STDLIB + (IMPORT_NAME,)
+PROGRAM_IMPORTS = _STDLIB + (IMPORT_NAME,)
 """``ValidationConfig.allowed_imports`` for library programs."""
 
 
@@ -83,5 +83,5 @@ def program_at(name: str, level: int | str) -> str:
   return program(name, **FAMILIES[name].levels(level))
 
 
-__all__ = ["ALLOWED_IMPORTS", "IMPORT_NAME", "class_name", "program", "program_at",
+__all__ = ["IMPORT_NAME", "PROGRAM_IMPORTS", "class_name", "program", "program_at",
            "sandbox_module"]

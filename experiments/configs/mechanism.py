@@ -68,8 +68,7 @@ def static_pool_path(programs: str = "library") -> str:
   rows = [{"id": f"{n}:{lv}", "program": data.render(programs, FAMILIES[n],
                                                       FAMILIES[n].levels(lv))}
           for n in mech.seen() for lv in range(NUM_LEVELS)]
-  name = "static_pool.jsonl" if programs == "full" else f"static_pool_{programs}.jsonl"
-  return common.write_once(os.path.join(mech.cache_dir(), name),
+  return common.write_once(os.path.join(mech.cache_dir(), f"static_pool_{programs}.jsonl"),
                            "".join(json.dumps(r) + "\n" for r in rows))
 
 

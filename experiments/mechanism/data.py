@@ -100,7 +100,6 @@ def designer_examples(chat: ChatTemplate, corpus, n: int, seed: int, *,
   what the reply (and each exemplar) is, see :func:`render`."""
   if balance not in BALANCES:
     raise ValueError(f"balance={balance!r}: expected one of {BALANCES}")
-  render(programs, FAMILIES[families[0]], {})  # a bad `programs` fails before any work
   rng = random.Random(f"designer:{seed}")
   skills = by_skill(families)
   order = sorted(skills)

@@ -13,6 +13,7 @@ started from one long-lived spawner thread (see :meth:`WorkerSupply.spawn`).
 
 import collections
 import concurrent.futures
+import importlib
 import json
 import logging
 import os
@@ -411,7 +412,6 @@ def _kill_uid(uid: int) -> None:
 def worker_modules(names: Sequence[str]) -> list[list[str]]:
   """[import name, source] of each ``SandboxConfig.modules`` entry (a host module whose
   ``sandbox_module()`` gives them), checked here so a bad name fails at pool start."""
-  import importlib  # pylint: disable=import-outside-toplevel
   out = []
   for name in names:
     try:

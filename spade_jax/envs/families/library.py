@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from spade_jax.envs.contract import ALLOWED_IMPORTS as _STDLIB
 from spade_jax.envs.families import FAMILIES, Family
+from spade_jax.envs.program import env_class_name
 from spade_jax.envs.programs import load_program
 
 IMPORT_NAME = "families"
@@ -46,11 +47,11 @@ PROGRAM_IMPORTS = _STDLIB + (IMPORT_NAME,)
 
 
 def class_name(fam: Family) -> str:
-  """The name of the ``...Env`` class the family's body defines."""
-  for line in fam.body.splitlines():
-    if line.startswith("class ") and "Env" in line:
-      return line[len("class "):].split("(")[0].split(":")[0].strip()
-  raise ValueError(f"family {fam.name!r}: its body defines no ...Env class")
+  """The ``...Env`` class the family's body defines (the one the static checks pick)."""
+  name = env_class_name(fam.body)
+  if name is None:
+    raise ValueError(f"family {fam.name!r}: its body defines no ...Env class")
+  return name
 
 
 def sandbox_module() -> tuple[str, str]:

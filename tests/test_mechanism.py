@@ -7,7 +7,7 @@ import pytest
 
 from experiments.configs import mechanism as configs
 from experiments.mechanism import common, data, report, run, warm_start
-from spade_jax import models
+from spade_jax import models, sandbox
 from spade_jax.envs.families import FAMILIES, NUM_LEVELS, library
 
 
@@ -85,6 +85,33 @@ def test_warm_start_config_is_sft_from_smollm2_and_the_longest_program_fits():
     longest = max(len(vocab.encode(data.designer_reply(data.render(programs, f, knobs))))
                   for f in FAMILIES.values() for knobs in _extremes(f))
     assert longest + 1 <= budget, (programs, longest)
+
+
+def test_agent_rows_train_the_plan_and_keep_slips_as_context():
+  """A slip (an action off the plan) is context unless ``train_slips``; the plan's turns
+  (worked step, box, end of turn) are trained either way, on the same episodes."""
+  _, hf = models.resolve_checkpoint(common.BASE)
+  chat = models.ChatTemplate(models.HFTokenizer(hf), thinking=False)
+  kw = dict(families=("arithmetic_chain",), levels=(2,), p=0.5, p_hinted=0.5,
+            hinted_frac=0.0, max_turns=common.MAX_TURNS, worked=True)
+  with sandbox.EnvPool(sandbox.SandboxConfig(num_workers=2)) as pool:
+    ctx = data.agent_examples(pool, chat, 4, 0, **kw)
+    both = data.agent_examples(pool, chat, 4, 0, train_slips=True, **kw)
+  assert [r.tokens for r in ctx] == [r.tokens for r in both]
+  assert sum(r.meta["slips"] for r in ctx) > 0
+  eos = chat.vocab.eos_id
+  for r, b in zip(ctx, both):
+    trained = [t for t, m in zip(r.tokens, r.mask) if m]
+    assert trained.count(eos) == r.meta["turns"] - r.meta["slips"]
+    assert sum(b.mask) > sum(r.mask) or r.meta["slips"] == 0
+    # Every trained turn follows the plan: the family's worked step before its box.
+    turns, cur = [], []
+    for t in trained:
+      cur.append(t)
+      if t == eos:
+        turns.append(chat.vocab.decode(cur))
+        cur = []
+    assert all(" = " in t.split("\\boxed{")[0] for t in turns), turns
 
 
 def _extremes(fam):

@@ -12,7 +12,8 @@ Arguments (`get_config("arm=spade,seed=0[,iterations=..,eval_every=..,smoke]")`)
     `solve_rate` (the designer rewarded by the agent's solve rate), `frozen_designer` (the
     designer writes but never trains); or `warm_start`, the SFT run that makes that start
     from SmolLM2-135M-Instruct (`experiments/mechanism/warm_start.py` runs it: `steps`,
-    `designer_rows`, `agent_rows`).
+    `designer_rows`, `agent_rows`, `sft_lr`, `train_slips`: the scripted player's slips
+    trained too, off by default).
   seed: the run's seed.
   iterations, eval_every: the run's length and how often the `families` suite plays
     (also at the start), on fixed seeds: the seen families at the designers' level and
@@ -42,7 +43,8 @@ from spade_jax.envs.families import FAMILIES, NUM_LEVELS, library
 
 ARGS = dict(arm="spade", seed=0, iterations=20, eval_every=5, envs=4, plays=4, hinted=2,
             lr=1e-5, eval_seeds=4, eval_samples=4, warm_start="", programs="library",
-            steps=32, designer_rows=160, agent_rows=480, sft_lr=3e-5, smoke=False)
+            steps=32, designer_rows=160, agent_rows=480, sft_lr=1e-4, train_slips=False,
+            smoke=False)
 ROLES = ("warm_start",) + mech.ARMS
 
 
@@ -141,6 +143,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # config reaches the library, and keeps it in the run's config.json).
     c.sft = dict(programs=a.programs, designer_rows=a.designer_rows, agent_rows=a.agent_rows,
                  agent_levels=(0, 1, 2, 2, 3, 4), slip=0.2, slip_hinted=0.1,
+                 train_slips=a.train_slips,
                  hinted_frac=0.3, designer_eval=24, agent_eval_seeds=4,
                  agent_eval_items=starting_items(),
                  designer_prompt_tokens=mech.DESIGNER_PROMPT_TOKENS)

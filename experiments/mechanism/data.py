@@ -38,6 +38,7 @@ from spade_jax.models.chat import ChatTemplate
 from spade_jax.rl import ROLES
 
 DESIGNER, AGENT = ROLES.index("designer"), ROLES.index("agent")
+_NO_SLIP = random.Random(0)  # with p=0 its draws never matter: the plan's own turn
 
 
 @dataclasses.dataclass
@@ -135,14 +136,18 @@ def designer_examples(chat: ChatTemplate, corpus, n: int, seed: int, *,
 
 def agent_examples(pool, chat: ChatTemplate, n: int, seed: int, *, families: Sequence[str],
                    levels: Sequence[int], p: float, p_hinted: float, hinted_frac: float,
-                   max_turns: int, batch: int = 32, worked: bool = False) -> list[Example]:
+                   max_turns: int, batch: int = 32, worked: bool = False,
+                   train_slips: bool = False) -> list[Example]:
   """``n`` agent transcripts of the scripted noisy player (see the module docstring).
 
   Episodes run ``batch`` at a time in the sandbox ``pool``; family and level are drawn per
   episode (``levels``: difficulty levels to draw from, repeats weight them). ``worked``:
   each turn that follows the plan writes the family's worked step before its box
   (``Family.work``, e.g. ``19 + 7 = 26 \\boxed{26}``); the same seed gives the same
-  episodes and slips either way.
+  episodes and slips either way. ``train_slips``: a slip turn (an action off the plan) is
+  trained like the others; by default it is context only (``loss_mask`` False), so the
+  model learns the plan and its recovery from the slip, not the slip: trained bare
+  guesses drew greedy decoding to the prompt's example answer (``\\boxed{7}``).
   """
   rng = random.Random(f"agent:{seed}")
   system = dz.agent_system_prompt("games")
@@ -153,11 +158,13 @@ def agent_examples(pool, chat: ChatTemplate, n: int, seed: int, *, families: Seq
       fam = FAMILIES[rng.choice(list(families))]
       plays.append((fam, fam.levels(rng.choice(list(levels))), rng.randrange(1 << 30),
                     rng.random() < hinted_frac))
-    out += _play(pool, chat, system, plays, rng, p, p_hinted, max_turns, worked)
+    out += _play(pool, chat, system, plays, rng, p, p_hinted, max_turns, worked,
+                 train_slips)
   return out
 
 
-def _play(pool, chat, system, plays, rng, p, p_hinted, max_turns, worked) -> list[Example]:
+def _play(pool, chat, system, plays, rng, p, p_hinted, max_turns, worked,
+          train_slips) -> list[Example]:
   sources = [fam.program(worked=worked, **knobs) for fam, knobs, _, _ in plays]
   seeds = [s for _, _, s, _ in plays]
   hints: list[str | None] = [None] * len(plays)
@@ -199,7 +206,13 @@ def _play(pool, chat, system, plays, rng, p, p_hinted, max_turns, worked) -> lis
                             p_hinted if hints[i] else p, knobs, step)
         if worked and isinstance(step, str) and step:
           rows[i].meta.setdefault("works", []).append(step)
-        _add(rows[i], chat.vocab.encode(text) + [chat.vocab.eos_id], True)
+        plan_text = noisy_action(fam, plan.value if plan.ok else None, _NO_SLIP, 0.0, knobs,
+                                 step)
+        slipped = text != plan_text
+        rows[i].meta["turns"] = rows[i].meta.get("turns", 0) + 1
+        rows[i].meta["slips"] = rows[i].meta.get("slips", 0) + int(slipped)
+        _add(rows[i], chat.vocab.encode(text) + [chat.vocab.eos_id],
+             train_slips or not slipped)
         actions.append(text)
       still = []
       for i, res in zip(live, pool.step_many([handles[i] for i in live], actions)):

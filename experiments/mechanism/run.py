@@ -26,7 +26,7 @@ from spade_jax.selfplay import loop
 
 
 # The arguments that shape the warm start rather than the arms.
-WARM_START_ARGS = ("steps", "designer_rows", "agent_rows", "sft_lr")
+WARM_START_ARGS = ("steps", "designer_rows", "agent_rows", "sft_lr", "train_slips")
 
 
 def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str = "",

@@ -15,7 +15,8 @@ The run is `experiments/configs/mechanism.py:arm=warm_start`: `build_run`, `Trai
   values drawn from its levels (`data.designer_examples`);
 * agent rows: seen families played in the sandbox by a scripted player that follows the
   episode's `solution()`, writes the family's worked step before `\boxed{...}` and slips
-  now and then (`data.agent_examples`); some plays see the program's own hint.
+  now and then (`data.agent_examples`; a slip is context, not trained, unless
+  `train_slips`); some plays see the program's own hint.
 
 Only the generated side of a row is trained. A killed build resumes at its last
 checkpoint with the same batches; a build directory holding another config is refused.
@@ -91,7 +92,8 @@ def rows(run, sft: dict, seed: int) -> list[data.Example]:
     out += data.agent_examples(pool, chat, sft["agent_rows"], seed, families=common.seen(),
                                levels=sft["agent_levels"], p=sft["slip"],
                                p_hinted=sft["slip_hinted"], hinted_frac=sft["hinted_frac"],
-                               max_turns=common.MAX_TURNS, worked=True)
+                               max_turns=common.MAX_TURNS, worked=True,
+                               train_slips=sft["train_slips"])
   data.save(out, path)
   return out
 
@@ -223,6 +225,7 @@ def build(arg: str = "", out: str = "", smoke: bool = False, seeds: int = 0,
   for step in range(start, c.iterations):
     t0 = time.perf_counter()
     state, metrics = trainer.step(state, next(batches))
+    metrics = jax.device_get(metrics)  # the step has run: its time is the step's
     metrics = writer.write(step + 1, {**metrics, "time/step": time.perf_counter() - t0})
     _log(f"step {step + 1}/{c.iterations} loss {metrics['loss']:.4f}")
     if (step + 1) % every == 0 or step + 1 == c.iterations:

@@ -8,6 +8,7 @@ import pytest
 from experiments.configs import mechanism as configs
 from experiments.mechanism import common, data, report, run, warm_start
 from spade_jax import models, sandbox
+from spade_jax.eval import answers
 from spade_jax.envs.families import FAMILIES, NUM_LEVELS, library
 
 
@@ -111,7 +112,8 @@ def test_agent_rows_train_the_plan_and_keep_slips_as_context():
       if t == eos:
         turns.append(chat.vocab.decode(cur))
         cur = []
-    assert all(" = " in t.split("\\boxed{")[0] for t in turns), turns
+    # (arithmetic_chain's step is "a op b = value", then the box of that value)
+    assert all(f" = {answers.last_boxed(t)} " in t for t in turns), turns
 
 
 def _extremes(fam):

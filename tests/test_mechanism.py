@@ -9,6 +9,7 @@ from experiments.configs import mechanism as configs
 from experiments.mechanism import common, data, report, run, warm_start
 from spade_jax import models, sandbox
 from spade_jax.eval import answers
+from spade_jax.selfplay import build as builder, loop
 from spade_jax.envs.families import FAMILIES, NUM_LEVELS, library
 
 
@@ -33,7 +34,8 @@ def test_arm_configs_differ_only_where_the_arm_says():
   c = configs.get_config("arm=spade,seed=1")
   # The same agent budget for every arm, evaluation at start and every few iterations.
   assert (c.selfplay.num_envs, c.selfplay.plays, c.selfplay.hinted_plays) == (4, 4, 2)
-  assert c.eval.at_start and c.eval.every == 5 and c.eval.overrides.families.greedy
+  assert not c.eval.at_start and c.eval.every == 5 and c.eval.overrides.families.greedy
+  assert configs.get_config("arm=spade,shared_start=False").eval.at_start
   items = c.eval.overrides.families.families.split(",")
   assert f"{common.HELD_OUT}:0" in items and f"{common.HELD_OUT}:4" in items
   assert {i for i in items if not i.startswith(common.HELD_OUT)} == {
@@ -174,6 +176,16 @@ def test_an_arm_runs_one_iteration_and_refuses_other_weights(built, tmp_path):
   assert rec["arm"] == "spade" and rec["iterations"] == 1
   assert [p["step"] for p in rec["curve"]] == [0, 1]
   assert {"held_out", "held_out@k", "held_out_greedy"} <= set(rec["curve"][0])
+  # Step 0 is the shared evaluation of the warm start, equal to the run's own at its start.
+  shared = json.loads((tmp_path / "results" / "start_eval.json").read_text())
+  assert rec["curve"][0]["shared"] and shared["sha256"] == ws["sha256"]
+  own_cfg = configs.get_config("arm=spade,seed=0,smoke,shared_start=False")
+  own_run = builder.build_run(own_cfg)
+  with sandbox.EnvPool(own_run.config.sandbox) as pool:
+    sp = own_run.selfplay(pool, str(tmp_path / "own"))
+    own = loop.evaluate_policy(sp, own_run.config.eval, pool)
+  assert own == shared["scores"]
+  assert run.start_eval(smoke=True, results=str(tmp_path / "results")) == shared  # read back
   assert rec["series"]["designer/valid_rate"]
   marker = tmp_path / "runs" / "spade-0" / "warm_start.json"
   marker.write_text(json.dumps({"sha256": "0" * 64, "hf": "elsewhere"}))

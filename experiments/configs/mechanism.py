@@ -16,7 +16,7 @@ Arguments (`get_config("arm=spade,seed=0[,iterations=..,eval_every=..,smoke]")`)
     trained too, off by default).
   seed: the run's seed.
   iterations, eval_every: the run's length and how often the `families` suite plays
-    (also at the start), on fixed seeds: the seen families at the designers' level and
+    (also at the start: once for every run, `shared_start`), on fixed seeds: the seen families at the designers' level and
     at a harder one, the held-out family at three levels; `eval_samples` plays at T 0.6
     per seed (success and pass@k) and one greedy play.
   warm_start: the warm start's HF directory (default: the cache's,
@@ -44,7 +44,7 @@ from spade_jax.envs.families import FAMILIES, NUM_LEVELS, library
 ARGS = dict(arm="spade", seed=0, iterations=20, eval_every=5, envs=4, plays=4, hinted=2,
             lr=1e-5, eval_seeds=4, eval_samples=4, warm_start="", programs="library",
             steps=32, designer_rows=160, agent_rows=480, sft_lr=1e-4, train_slips=False,
-            smoke=False)
+            shared_start=True, smoke=False)
 ROLES = ("warm_start",) + mech.ARMS
 
 
@@ -120,7 +120,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   if not full:  # library programs import the families (`from families import ...`)
     c.validation.allowed_imports = library.PROGRAM_IMPORTS
   c.static_pool = dict(path="", key="", validate=True)
-  c.eval = dict(common.EVAL, suites="families", every=a.eval_every, at_start=True)
+  # The arms' evaluation before training is one computation (same weights, config and keys):
+  # `run.start_eval` makes it once unless `shared_start=False`.
+  c.eval = dict(common.EVAL, suites="families", every=a.eval_every,
+                at_start=not a.shared_start)
   c.eval.overrides = dict(families=dict(
       families=eval_items(a.smoke), seeds=a.eval_seeds, samples=a.eval_samples,
       temperature=common.SAMPLING["temperature"], top_p=common.SAMPLING["top_p"],

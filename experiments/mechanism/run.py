@@ -10,19 +10,26 @@ from its last checkpoint, a finished one is only read back. A run directory reme
 warm start's SHA-256 and refuses to go on from other weights. Each run writes
 `results/<arm>-<seed>.json` (the warm start's digest, the evaluation curve, the designer
 and reward series); `python -m experiments.mechanism.report` tabulates them.
+
+Every arm x seed starts from the same weights and evaluates with the same suite config and
+sampling keys, so their evaluation before training is one computation: `start_eval` makes
+it once per warm start (`results/start_eval.json`) and each curve's step 0 is that record
+(`shared_start=False` in the args has every run evaluate at its start instead).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 
 from absl import app
 from absl import flags
 
 from experiments.configs import mechanism as configs
 from experiments.mechanism import common, report, warm_start
-from spade_jax.selfplay import loop
+from spade_jax import models, sandbox
+from spade_jax.selfplay import build as builder, loop
 
 
 # The arguments that shape the warm start rather than the arms.
@@ -59,14 +66,50 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
                        "it cannot go on from other weights. Remove it or give another root.")
   else:
     _write(marker, {"sha256": digest, "hf": hf})
+  start = None
+  if config.eval.suites and not config.eval.at_start:
+    start = start_eval(args=args, smoke=smoke, results=results or (workdir if smoke else ""))
   loop.train(config, workdir)
   record = report.collect(workdir, arm=arm, seed=seed)
+  if start is not None and not any(p["step"] == 0 for p in record["curve"]):
+    record["curve"].insert(0, {"step": 0, **report.scores(start["scores"]), "shared": True})
   record["warm_start"] = {"sha256": digest, "hf": hf}
   record["config"] = json.loads(config.to_json())
   path = os.path.join(results or (workdir if smoke else common.RESULTS), f"{name}.json")
   _write(path, record)
   print(f"wrote {path}", flush=True)
   return path
+
+
+def start_eval(*, args: str = "", smoke: bool = False, results: str = "") -> dict:
+  """The arms' evaluation of the warm start, made once (see the module docstring); read
+  back from ``results/start_eval.json`` when that holds these weights and this eval
+  config."""
+  config = configs.get_config(",".join(a for a in ("arm=static", "seed=0", args,
+                                                   "smoke" if smoke else "") if a))
+  hf = config.model.init_from.removeprefix("hf:")
+  digest = common.weights_digest(hf)
+  want = {k: v for k, v in json.loads(config.eval.to_json()).items()
+          if k not in ("every", "at_start")}  # when a run evaluates, not what
+  path = os.path.join(results or common.RESULTS, "start_eval.json")
+  if os.path.isfile(path):
+    with open(path) as f:
+      record = json.load(f)
+    if record["sha256"] == digest and record["eval"] == want:
+      return record
+  built = builder.build_run(config)
+  c = built.config
+  t0 = time.perf_counter()
+  with sandbox.EnvPool(c.sandbox) as pool:
+    scores = loop.evaluate_params(built.initial_state().params, built.trainer, c.sampling,
+                                  models.ChatTemplate(built.vocab,
+                                                      thinking=c.selfplay.agent_thinking),
+                                  c.eval, pool)
+  record = {"sha256": digest, "hf": hf, "eval": want, "scores": scores,
+            "seconds": round(time.perf_counter() - t0, 1)}
+  _write(path, record)
+  print(f"wrote {path} ({record['seconds']} s)", flush=True)
+  return record
 
 
 def run_all(arms, seeds, **kw) -> list[str]:

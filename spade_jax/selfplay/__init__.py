@@ -23,7 +23,8 @@ from spade_jax.selfplay.config import SelfPlayConfig
 from spade_jax.selfplay.episodes import (Episode, EpisodeSpec, run_episodes,
                                         run_episodes_with_requests)
 from spade_jax.selfplay.iteration import SelfPlay
-from spade_jax.selfplay.loop import eval_due, evaluate_policy, progress_line, train
+from spade_jax.selfplay.loop import (eval_due, evaluate_params, evaluate_policy, progress_line,
+                                    train)
 from spade_jax.selfplay.rewards import (VARIANTS, EnvStats, RewardConfig, RewardOutput,
                                         compute_rewards, credit, plateau, reference_scale)
 from spade_jax.selfplay.rlve import DifficultyController, RLVEConfig

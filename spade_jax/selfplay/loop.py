@@ -82,18 +82,30 @@ def eval_due(cfg: eval_lib.EvalConfig, it: int, iterations: int) -> bool:
 
 
 def evaluate_policy(sp, cfg: eval_lib.EvalConfig, pool) -> dict[str, float]:
-  """Runs ``cfg``'s suites with ``sp``'s current policy.
-
-  The policy is a ``Sampler`` on the agent's current weights (each suite sets its own
-  sampling and seed), the chat template the agent's, code runs in ``pool``.
+  """Runs ``cfg``'s suites with ``sp``'s current policy (:func:`evaluate_params` on the
+  agent's current weights, sampling rule and chat template).
 
   Returns:
     ``{"eval/<suite>/<metric>": score}``.
   """
-  policy = Sampler(sp.state.params, sp.trainer.model_cfg, sp.sampling.agent,
-                   jax.random.key(cfg.seed), mesh=sp.trainer.mesh, rules=sp.trainer.rules)
-  scores = eval_lib.run_suites(policy, sp.agent_chat, cfg.suites, cfg.suite_configs(),
-                               pool=pool)
+  return evaluate_params(sp.state.params, sp.trainer, sp.sampling.agent, sp.agent_chat, cfg,
+                         pool)
+
+
+def evaluate_params(params, trainer, sampling, chat, cfg: eval_lib.EvalConfig,
+                    pool) -> dict[str, float]:
+  """Runs ``cfg``'s suites with a ``Sampler`` on ``params`` (``trainer``'s model, mesh and
+  rules; ``sampling`` the agent's rule, each suite sets its own temperature and seed), the
+  agent's chat template ``chat``, code in ``pool``. A run's evaluation at any iteration is
+  this call on that iteration's weights, so one made outside the run (e.g. of the weights
+  several runs start from) scores exactly as the run's own would.
+
+  Returns:
+    ``{"eval/<suite>/<metric>": score}``.
+  """
+  policy = Sampler(params, trainer.model_cfg, sampling, jax.random.key(cfg.seed),
+                   mesh=trainer.mesh, rules=trainer.rules)
+  scores = eval_lib.run_suites(policy, chat, cfg.suites, cfg.suite_configs(), pool=pool)
   return {f"eval/{k}": v for k, v in scores.items()}
 
 

@@ -34,7 +34,7 @@ def test_arm_configs_differ_only_where_the_arm_says():
   c = configs.get_config("arm=spade,seed=1")
   # The same agent budget for every arm, evaluation at start and every few iterations.
   assert (c.selfplay.num_envs, c.selfplay.plays, c.selfplay.hinted_plays) == (4, 4, 2)
-  assert not c.eval.at_start and c.eval.every == 5 and c.eval.overrides.families.greedy
+  assert not c.eval.at_start and c.eval.every == 10 and c.eval.overrides.families.greedy
   assert configs.get_config("arm=spade,shared_start=False").eval.at_start
   items = c.eval.overrides.families.families.split(",")
   assert f"{common.HELD_OUT}:0" in items and f"{common.HELD_OUT}:4" in items

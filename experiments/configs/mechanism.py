@@ -16,9 +16,9 @@ Arguments (`get_config("arm=spade,seed=0[,iterations=..,eval_every=..,smoke]")`)
     trained too, off by default).
   seed: the run's seed.
   iterations, eval_every: the run's length and how often the `families` suite plays
-    (also at the start: once for every run, `shared_start`), on fixed seeds: the seen families at the designers' level and
-    at a harder one, the held-out family at three levels; `eval_samples` plays at T 0.6
-    per seed (success and pass@k) and one greedy play.
+    (also at the start: once for every run, `shared_start`), on fixed seeds: the seen
+    families at the designers' level and at a harder one, the held-out family at three
+    levels; `eval_samples` plays at T 0.6 per seed (success and pass@k) and one greedy play.
   warm_start: the warm start's HF directory (default: the cache's,
     `$SPADE_JAX_CACHE/mechanism/warm_start/hf`).
   programs: what the designer writes: `library` (default; a short program that imports a

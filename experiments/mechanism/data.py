@@ -33,12 +33,11 @@ import numpy as np
 from spade_jax import designer as dz
 from spade_jax import envs
 from spade_jax.envs.families import FAMILIES, Family, by_skill, library
-from spade_jax.envs.families.noisy import noisy_action
+from spade_jax.envs.families.noisy import noisy_action, planned_action
 from spade_jax.models.chat import ChatTemplate
 from spade_jax.rl import ROLES
 
 DESIGNER, AGENT = ROLES.index("designer"), ROLES.index("agent")
-_NO_SLIP = random.Random(0)  # with p=0 its draws never matter: the plan's own turn
 
 
 @dataclasses.dataclass
@@ -206,9 +205,7 @@ def _play(pool, chat, system, plays, rng, p, p_hinted, max_turns, worked,
                             p_hinted if hints[i] else p, knobs, step)
         if worked and isinstance(step, str) and step:
           rows[i].meta.setdefault("works", []).append(step)
-        plan_text = noisy_action(fam, plan.value if plan.ok else None, _NO_SLIP, 0.0, knobs,
-                                 step)
-        slipped = text != plan_text
+        slipped = text != planned_action(plan.value if plan.ok else None, step)
         rows[i].meta["turns"] = rows[i].meta.get("turns", 0) + 1
         rows[i].meta["slips"] = rows[i].meta.get("slips", 0) + int(slipped)
         _add(rows[i], chat.vocab.encode(text) + [chat.vocab.eos_id],

@@ -71,7 +71,7 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
     start = start_eval(args=args, smoke=smoke, results=results or (workdir if smoke else ""))
   loop.train(config, workdir)
   record = report.collect(workdir, arm=arm, seed=seed)
-  if start is not None and not any(p["step"] == 0 for p in record["curve"]):
+  if start is not None:  # the run itself did not evaluate at step 0
     record["curve"].insert(0, {"step": 0, **report.scores(start["scores"]), "shared": True})
   record["warm_start"] = {"sha256": digest, "hf": hf}
   record["config"] = json.loads(config.to_json())

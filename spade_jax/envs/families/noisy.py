@@ -82,11 +82,16 @@ def noisy_action(family: Family, plan, rng: random.Random, p: float,
   follows the plan, so a worked step always leads to the right action; a slip is a bare
   guess.
   """
-  act = str((plan or [""])[0])
   if rng.random() < p:
-    return "\\boxed{" + family.perturb(rng, act, knobs) + "}"
+    return "\\boxed{" + family.perturb(rng, str((plan or [""])[0]), knobs) + "}"
+  return planned_action(plan, work)
+
+
+def planned_action(plan, work: str | None = None) -> str:
+  """The turn that follows ``plan``: ``work`` (if any) before ``\\boxed{}`` of its first
+  action."""
   prefix = f"{work.strip()} " if work and work.strip() else ""
-  return prefix + "\\boxed{" + act + "}"
+  return prefix + "\\boxed{" + str((plan or [""])[0]) + "}"
 
 
 def noisy_win_rate(pool: EnvPool, family: Family, knobs: Mapping[str, int],
@@ -102,4 +107,4 @@ def _ok(res, family: Family, what: str):
   return res.value
 
 
-__all__ = ["noisy_action", "noisy_play", "noisy_win_rate"]
+__all__ = ["noisy_action", "noisy_play", "noisy_win_rate", "planned_action"]

@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 
 import pytest
 
@@ -37,9 +38,12 @@ def test_arm_configs_differ_only_where_the_arm_says():
   assert not c.eval.at_start and c.eval.every == 10 and c.eval.overrides.families.greedy
   assert configs.get_config("arm=spade,shared_start=False").eval.at_start
   items = c.eval.overrides.families.families.split(",")
-  assert f"{common.HELD_OUT}:0" in items and f"{common.HELD_OUT}:4" in items
+  assert [i for i in items if i.startswith(common.HELD_OUT)] == [
+      f"{common.HELD_OUT}:{lv}" for lv in common.HELD_OUT_LEVELS]
   assert {i for i in items if not i.startswith(common.HELD_OUT)} == {
-      f"{n}:{lv}" for n in common.seen() for lv in (2, 4)}
+      f"{n}:{lv}" for n in common.seen()
+      for lv in (common.DESIGNER_LEVEL, common.HARDER_LEVEL)}
+  assert common.DESIGNER_LEVEL < common.HARDER_LEVEL
   assert configs.get_config("arm=static,iterations=7,eval_every=2").iterations == 7
   with pytest.raises(ValueError, match="arm"):
     configs.get_config("arm=nope")
@@ -88,6 +92,24 @@ def test_warm_start_config_is_sft_from_smollm2_and_the_longest_program_fits():
     longest = max(len(vocab.encode(data.designer_reply(data.render(programs, f, knobs))))
                   for f in FAMILIES.values() for knobs in _extremes(f))
     assert longest + 1 <= budget, (programs, longest)
+
+
+def test_designer_rows_draw_knobs_from_the_designers_levels():
+  """The warm start's designer writes mostly the designers' level (`DESIGNER_KNOB_LEVELS`):
+  each knob takes the value of a level drawn from them; without levels, any level's."""
+  levels = configs.get_config("arm=warm_start").sft.designer_levels
+  assert tuple(levels) == common.DESIGNER_KNOB_LEVELS
+  assert common.DESIGNER_LEVEL == min(levels)
+  rng = random.Random(0)
+  for fam in FAMILIES.values():
+    for _ in range(5):
+      knobs = data.random_knobs(fam, rng, levels)
+      assert all(knobs[k.name] in {k.levels[lv] for lv in levels} for k in fam.knobs), (
+          fam.name, knobs)
+  anywhere = {data.random_knobs(FAMILIES["ordering"], rng)["PEOPLE"] for _ in range(200)}
+  assert anywhere == set(FAMILIES["ordering"].knobs[0].levels)
+  with pytest.raises(ValueError, match="difficulty levels"):
+    data.random_knobs(FAMILIES["ordering"], rng, (0, NUM_LEVELS))
 
 
 def test_agent_rows_train_the_plan_and_keep_slips_as_context():
@@ -164,6 +186,10 @@ def test_warm_start_builds_resumes_and_refuses_another_config(built, tmp_path):
   assert fresh["sha256"] == second["sha256"]
   with pytest.raises(ValueError, match="different config"):
     warm_start.build("sft_lr=0.001", smoke=True)
+  # How the finished build is measured is not what it is: other items read it back.
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(configs, "starting_items", lambda: "ordering:1")
+    assert warm_start.build("", smoke=True) == second
 
 
 def test_an_arm_runs_one_iteration_and_refuses_other_weights(built, tmp_path):
@@ -228,11 +254,13 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
 
 
 def test_curve_scores_read_the_families_suite():
-  row = {"eval/families/success/ordering/2": 0.5, "eval/families/success/guess_number/2": 1.0,
-         "eval/families/success/ordering/4": 0.25,
+  d, h = common.DESIGNER_LEVEL, common.HARDER_LEVEL
+  row = {f"eval/families/success/ordering/{d}": 0.5,
+         f"eval/families/success/guess_number/{d}": 1.0,
+         f"eval/families/success/ordering/{h}": 0.25,
          f"eval/families/success/{common.HELD_OUT}/0": 0.0,
-         f"eval/families/success/{common.HELD_OUT}/4": 1.0,
-         f"eval/families/pass@k/{common.HELD_OUT}/4": 1.0,
-         "eval/families/greedy/ordering/2": 1.0, "agent/reward_nohint": 0.3}
+         f"eval/families/success/{common.HELD_OUT}/2": 1.0,
+         f"eval/families/pass@k/{common.HELD_OUT}/2": 1.0,
+         f"eval/families/greedy/ordering/{d}": 1.0, "agent/reward_nohint": 0.3}
   assert report.scores(row) == {"seen_medium": 0.75, "seen_harder": 0.25, "held_out": 0.5,
                                 "held_out@k": 1.0, "seen_medium_greedy": 1.0}

@@ -57,14 +57,14 @@ def eval_items(smoke: bool = False) -> str:
   if smoke:
     return f"{mech.HELD_OUT}:0"
   seen = ",".join(f"{n}:{mech.DESIGNER_LEVEL},{n}:{mech.HARDER_LEVEL}" for n in mech.seen())
-  return f"{seen},{mech.HELD_OUT}:0,{mech.HELD_OUT}:2,{mech.HELD_OUT}:4"
+  return ",".join([seen] + [f"{mech.HELD_OUT}:{lv}" for lv in mech.HELD_OUT_LEVELS])
 
 
 def starting_items() -> str:
   """The warm start's measured levels: the seen families at the designers' level, the
   held-out family at three levels."""
   return ",".join([f"{n}:{mech.DESIGNER_LEVEL}" for n in mech.seen()] +
-                  [f"{mech.HELD_OUT}:{lv}" for lv in (0, 2, 4)])
+                  [f"{mech.HELD_OUT}:{lv}" for lv in mech.HELD_OUT_LEVELS])
 
 
 def static_pool_path(programs: str = "library") -> str:
@@ -148,7 +148,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # What the SFT rows are (not a run section: warm_start.py takes it off before the
     # config reaches the library, and keeps it in the run's config.json).
     c.sft = dict(programs=a.programs, designer_rows=a.designer_rows, agent_rows=a.agent_rows,
-                 agent_levels=(0, 1, 2, 2, 3, 4), slip=0.2, slip_hinted=0.1,
+                 designer_levels=mech.DESIGNER_KNOB_LEVELS, agent_levels=(0, 1, 2, 2, 3, 4), slip=0.2, slip_hinted=0.1,
                  train_slips=a.train_slips,
                  hinted_frac=0.3, designer_eval=24, agent_eval_seeds=4,
                  agent_eval_items=starting_items(),

@@ -6,8 +6,9 @@ Both kinds of rows are token-for-token what a self-play run of this experiment b
   run's prompt renderer, corpus and token budget), then the reply ```` ```python\\n<program>
   \\n``` ```` and the end-of-turn id; the program (by default the short library program
   that imports the family, ``render``) is a seen family at knob values drawn
-  per knob from the family's difficulty levels, so the warm-started designer writes every
-  difficulty and regret can move it. Half the prompts show up to ``num_exemplars`` memory exemplars
+  per knob from its difficulty levels (in the experiment mostly the easiest,
+  ``DESIGNER_KNOB_LEVELS``), so the warm-started designer writes more than one difficulty
+  and regret can move it. Half the prompts show up to ``num_exemplars`` memory exemplars
   (other programs of the skill), as prompts do once the run's memory fills.
 * agent rows: episodes of seen families played in the sandbox by a scripted player that
   follows the live episode's ``solution()`` and slips with probability ``p`` (a random
@@ -32,7 +33,7 @@ import numpy as np
 
 from spade_jax import designer as dz
 from spade_jax import envs
-from spade_jax.envs.families import FAMILIES, Family, by_skill, library
+from spade_jax.envs.families import FAMILIES, NUM_LEVELS, Family, by_skill, library
 from spade_jax.envs.families.noisy import noisy_action, planned_action
 from spade_jax.models.chat import ChatTemplate
 from spade_jax.rl import ROLES
@@ -56,15 +57,23 @@ def corpus(workdir: str, seed: int):
                    seed=seed)
 
 
-def random_knobs(family: Family, rng: random.Random) -> dict[str, int]:
-  """Knob values drawn per knob from the family's level values (retried until playable)."""
+def random_knobs(family: Family, rng: random.Random,
+                 levels: Sequence[int] | None = None) -> dict[str, int]:
+  """Knob values drawn per knob from the family's level values (retried until playable):
+  any of them, or with ``levels`` the value of a level drawn from ``levels`` (repeats
+  weight them)."""
+  if levels is not None:
+    if not levels or any(not 0 <= lv < NUM_LEVELS for lv in levels):
+      raise ValueError(f"levels={tuple(levels)}: expected difficulty levels in "
+                       f"0..{NUM_LEVELS - 1}")
   for _ in range(100):
-    values = {k.name: rng.choice(sorted(set(k.levels))) for k in family.knobs}
+    values = {k.name: (rng.choice(sorted(set(k.levels))) if levels is None
+                       else k.levels[rng.choice(list(levels))]) for k in family.knobs}
     try:
       return family.resolve(**values)
     except ValueError:
       continue
-  return family.levels()
+  return family.levels(min(levels)) if levels is not None else family.levels()
 
 
 BALANCES = ("skill", "family")  # how designer rows share out over the families
@@ -92,12 +101,14 @@ def render(programs: str, family: Family, knobs: dict[str, int]) -> str:
 def designer_examples(chat: ChatTemplate, corpus, n: int, seed: int, *,
                       families: Sequence[str], budget: int | None, num_exemplars: int = 1,
                       setting: str = "games", balance: str = "skill",
-                      programs: str = "library") -> list[Example]:
+                      programs: str = "library",
+                      levels: Sequence[int] | None = None) -> list[Example]:
   """``n`` designer rows over ``families``: ``balance="skill"`` takes the skills round-robin
   and a family of the skill at random (a skill's families share its rows, as they share
   the run's prompts for it); ``"family"`` takes the families round-robin (each its
   ``n / len(families)`` rows, the prompt asking for the family's skill). ``programs``:
-  what the reply (and each exemplar) is, see :func:`render`."""
+  what the reply (and each exemplar) is, see :func:`render`; ``levels``: the levels its
+  knobs are drawn from (:func:`random_knobs`; default any value of the family's levels)."""
   if balance not in BALANCES:
     raise ValueError(f"balance={balance!r}: expected one of {BALANCES}")
   rng = random.Random(f"designer:{seed}")
@@ -113,13 +124,13 @@ def designer_examples(chat: ChatTemplate, corpus, n: int, seed: int, *,
     else:
       skill = order[i % len(order)]
       fam = FAMILIES[rng.choice(skills[skill])]
-    knobs = random_knobs(fam, rng)
+    knobs = random_knobs(fam, rng, levels)
     exemplars = []
     if rng.random() < 0.5:
       for _ in range(rng.randint(1, num_exemplars) if num_exemplars else 0):
         other = FAMILIES[rng.choice(skills[skill])]
         exemplars.append(dz.MemoryRecord(program=render(programs, other,
-                                                        random_knobs(other, rng)),
+                                                        random_knobs(other, rng, levels)),
                                          skill=skill, setting=setting,
                                          win_rate_nohint=rng.random(),
                                          regret=rng.random() * 0.5))

@@ -12,7 +12,7 @@ The run is `experiments/configs/mechanism.py:arm=warm_start`: `build_run`, `Trai
 * designer rows: the run's designer prompt (its renderer, corpus and 2,048-token budget,
   half of them with a memory exemplar), answered by a seen family's program (the config's
   `programs`: by default the short library program) at knob
-  values drawn from its levels (`data.designer_examples`);
+  values drawn from the levels `designer_levels` (`data.designer_examples`);
 * agent rows: seen families played in the sandbox by a scripted player that follows the
   episode's `solution()`, writes the family's worked step before `\boxed{...}` and slips
   now and then (`data.agent_examples`; a slip is context, not trained, unless
@@ -22,7 +22,7 @@ Only the generated side of a row is trained. A killed build resumes at its last
 checkpoint with the same batches; a build directory holding another config is refused.
 The finished build exports `hf/` and writes `warm_start.json` (also into `results/`): the
 weights' SHA-256 and the measured starting levels (the `families` suite on the seen
-families at medium and on the held-out family, sampled and greedy; the designer's valid
+families at the designers' level and on the held-out family, sampled and greedy; the designer's valid
 rate on fresh prompts).
 """
 
@@ -54,8 +54,10 @@ from spade_jax.sampling import Sampler
 from spade_jax.selfplay import build as builder, loop
 
 
-# The config keys that decide the warm start's weights.
+# The config keys that decide the warm start's weights (of `sft`, all but how the finished
+# build is measured: `MEASURE`).
 IDENTITY = ("seed", "iterations", "tokenizer", "model", "train", "loss", "optimizer", "sft")
+MEASURE = ("agent_eval", "designer_eval")
 
 
 def _log(msg: str) -> None:
@@ -73,7 +75,7 @@ def split(config):
 def rows(run, sft: dict, seed: int) -> list[data.Example]:
   """The SFT rows: read from the cache, or built once (sandbox plays) and written there."""
   c = run.config
-  made_of = {k: v for k, v in sft.items() if not k.startswith(("agent_eval", "designer_eval"))}
+  made_of = {k: v for k, v in sft.items() if not k.startswith(MEASURE)}
   key = json.dumps({"sft": made_of, "seed": seed, "tokenizer": os.path.abspath(c.tokenizer),
                     "families": {n: FAMILIES[n].program_at(2) for n in common.seen()},
                     "designer_budget": sft["designer_prompt_tokens"]}, sort_keys=True)
@@ -87,7 +89,7 @@ def rows(run, sft: dict, seed: int) -> list[data.Example]:
   out = data.designer_examples(chat, corpus, sft["designer_rows"], seed,
                                families=common.seen(),
                                budget=sft["designer_prompt_tokens"],
-                               programs=sft["programs"])
+                               programs=sft["programs"], levels=sft["designer_levels"])
   with sandbox.EnvPool(c.sandbox) as pool:
     out += data.agent_examples(pool, chat, sft["agent_rows"], seed, families=common.seen(),
                                levels=sft["agent_levels"], p=sft["slip"],
@@ -101,7 +103,7 @@ def rows(run, sft: dict, seed: int) -> list[data.Example]:
 def levels(params, run, sft: dict, *, seeds: int, designs: int, samples: int = 0,
            greedy: bool = True) -> dict:
   """The starting levels of ``params``: the agent by the `families` suite (the seen
-  families at the designers' level, the held-out family at levels 0-2-4; sampled success,
+  families at the designers' level, the held-out family at `HELD_OUT_LEVELS`; sampled success,
   pass@k and greedy; ``samples``: plays per seed, default the config's) and the designer's
   valid rate on ``designs`` fresh prompts."""
   c = run.config
@@ -191,8 +193,10 @@ def build(arg: str = "", out: str = "", smoke: bool = False, seeds: int = 0,
   record_path = os.path.join(out, "warm_start.json")
   os.makedirs(out, exist_ok=True)
   # What makes the weights (not the arms' sections): a directory of another one is refused.
-  loop.check_config({k: config[k].to_dict() if hasattr(config[k], "to_dict") else config[k]
-                     for k in IDENTITY}, epath.Path(out))
+  identity = {k: config[k].to_dict() if hasattr(config[k], "to_dict") else config[k]
+              for k in IDENTITY}
+  identity["sft"] = {k: v for k, v in identity["sft"].items() if not k.startswith(MEASURE)}
+  loop.check_config(identity, epath.Path(out))
   if os.path.isfile(record_path):
     with open(record_path) as f:
       record = json.load(f)

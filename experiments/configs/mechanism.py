@@ -148,8 +148,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     # What the SFT rows are (not a run section: warm_start.py takes it off before the
     # config reaches the library, and keeps it in the run's config.json).
     c.sft = dict(programs=a.programs, designer_rows=a.designer_rows, agent_rows=a.agent_rows,
-                 designer_levels=mech.DESIGNER_KNOB_LEVELS, agent_levels=(0, 1, 2, 2, 3, 4), slip=0.2, slip_hinted=0.1,
-                 train_slips=a.train_slips,
+                 designer_levels=mech.DESIGNER_KNOB_LEVELS, agent_levels=(0, 1, 2, 2, 3, 4),
+                 slip=0.2, slip_hinted=0.1, train_slips=a.train_slips,
                  hinted_frac=0.3, designer_eval=24, agent_eval_seeds=4,
                  agent_eval_items=starting_items(),
                  designer_prompt_tokens=mech.DESIGNER_PROMPT_TOKENS)

@@ -62,10 +62,9 @@ def random_knobs(family: Family, rng: random.Random,
   """Knob values drawn per knob from the family's level values (retried until playable):
   any of them, or with ``levels`` the value of a level drawn from ``levels`` (repeats
   weight them)."""
-  if levels is not None:
-    if not levels or any(not 0 <= lv < NUM_LEVELS for lv in levels):
-      raise ValueError(f"levels={tuple(levels)}: expected difficulty levels in "
-                       f"0..{NUM_LEVELS - 1}")
+  if levels is not None and (not levels or any(not 0 <= lv < NUM_LEVELS for lv in levels)):
+    raise ValueError(f"levels={tuple(levels)}: expected difficulty levels in "
+                     f"0..{NUM_LEVELS - 1}")
   for _ in range(100):
     values = {k.name: (rng.choice(sorted(set(k.levels))) if levels is None
                        else k.levels[rng.choice(list(levels))]) for k in family.knobs}

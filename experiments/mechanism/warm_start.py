@@ -22,8 +22,8 @@ Only the generated side of a row is trained. A killed build resumes at its last
 checkpoint with the same batches; a build directory holding another config is refused.
 The finished build exports `hf/` and writes `warm_start.json` (also into `results/`): the
 weights' SHA-256 and the measured starting levels (the `families` suite on the seen
-families at the designers' level and on the held-out family, sampled and greedy; the designer's valid
-rate on fresh prompts).
+families at the designers' level and on the held-out family, sampled and greedy; the
+designer's valid rate on fresh prompts).
 """
 
 from __future__ import annotations
@@ -54,10 +54,14 @@ from spade_jax.sampling import Sampler
 from spade_jax.selfplay import build as builder, loop
 
 
-# The config keys that decide the warm start's weights (of `sft`, all but how the finished
-# build is measured: `MEASURE`).
+# The config keys that decide the warm start's weights (of `sft`, `made_of` it).
 IDENTITY = ("seed", "iterations", "tokenizer", "model", "train", "loss", "optimizer", "sft")
-MEASURE = ("agent_eval", "designer_eval")
+MEASURE = ("agent_eval", "designer_eval")  # sft keys of how the finished build is measured
+
+
+def made_of(sft: dict) -> dict:
+  """The `sft` keys that decide the rows and weights: all but `MEASURE`'s."""
+  return {k: v for k, v in sft.items() if not k.startswith(MEASURE)}
 
 
 def _log(msg: str) -> None:
@@ -75,8 +79,7 @@ def split(config):
 def rows(run, sft: dict, seed: int) -> list[data.Example]:
   """The SFT rows: read from the cache, or built once (sandbox plays) and written there."""
   c = run.config
-  made_of = {k: v for k, v in sft.items() if not k.startswith(MEASURE)}
-  key = json.dumps({"sft": made_of, "seed": seed, "tokenizer": os.path.abspath(c.tokenizer),
+  key = json.dumps({"sft": made_of(sft), "seed": seed, "tokenizer": os.path.abspath(c.tokenizer),
                     "families": {n: FAMILIES[n].program_at(2) for n in common.seen()},
                     "designer_budget": sft["designer_prompt_tokens"]}, sort_keys=True)
   path = os.path.join(common.cache_dir(), "sft_rows",
@@ -103,8 +106,8 @@ def rows(run, sft: dict, seed: int) -> list[data.Example]:
 def levels(params, run, sft: dict, *, seeds: int, designs: int, samples: int = 0,
            greedy: bool = True) -> dict:
   """The starting levels of ``params``: the agent by the `families` suite (the seen
-  families at the designers' level, the held-out family at `HELD_OUT_LEVELS`; sampled success,
-  pass@k and greedy; ``samples``: plays per seed, default the config's) and the designer's
+  families at the designers' level, the held-out family at `HELD_OUT_LEVELS`; sampled
+  success, pass@k and greedy; ``samples``: plays per seed, default the config's) and the designer's
   valid rate on ``designs`` fresh prompts."""
   c = run.config
   chat = models.ChatTemplate(run.vocab, thinking=False)
@@ -195,7 +198,7 @@ def build(arg: str = "", out: str = "", smoke: bool = False, seeds: int = 0,
   # What makes the weights (not the arms' sections): a directory of another one is refused.
   identity = {k: config[k].to_dict() if hasattr(config[k], "to_dict") else config[k]
               for k in IDENTITY}
-  identity["sft"] = {k: v for k, v in identity["sft"].items() if not k.startswith(MEASURE)}
+  identity["sft"] = made_of(identity["sft"])
   loop.check_config(identity, epath.Path(out))
   if os.path.isfile(record_path):
     with open(record_path) as f:

@@ -14,6 +14,12 @@ that the process keeps its peak heap until it exits. `launch.train --keep_freed_
 calls it (off by default: on 2 CPU cores the learning recipe's update loses its page
 faults but not measurably its time; `experiments/benchmarks/update_malloc.py`).
 Elsewhere than Linux with glibc it does nothing.
+
+:func:`map_limit_warning` checks the other host limit a long CPU run meets: XLA:CPU maps
+about three regions for each program it compiles and never unmaps them, so a self-play run
+that compiles new sampler shapes every iteration passes Linux's default
+`vm.max_map_count` (65,530) after some hours and dies in a compile with "LLVM compilation
+error: Cannot allocate memory" while most of the RAM is free.
 """
 
 from __future__ import annotations
@@ -26,6 +32,11 @@ import platform
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
 _M_ARENA_MAX = -8
+
+MAP_COUNT_FILE = "/proc/sys/vm/max_map_count"
+ENOUGH_MAPS = 262_144
+"""A `vm.max_map_count` that a 20-iteration CPU self-play run with evaluations stays well
+under (its process peaked at 55k maps)."""
 
 
 def keep_freed_memory() -> bool:
@@ -49,3 +60,28 @@ def keep_freed_memory() -> bool:
   # A trim threshold of -1 reads as the largest size: the heap's top is never returned.
   settings = ((_M_ARENA_MAX, 1), (_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))
   return all(mallopt(param, value) == 1 for param, value in settings)
+
+
+def map_limit_warning(backend: str, path: str = MAP_COUNT_FILE,
+                      enough: int = ENOUGH_MAPS) -> str | None:
+  """A warning when this host's memory-map limit is low for a long run on ``backend``.
+
+  Only XLA:CPU keeps its compiled code in host memory maps, so other backends get None,
+  as does a host without ``path`` (not Linux) or with a limit of at least ``enough``.
+
+  Returns:
+    The warning, naming the limit, the symptom and the command that raises it; or None.
+  """
+  if backend != "cpu":
+    return None
+  try:
+    with open(path) as f:
+      limit = int(f.read().strip())
+  except (OSError, ValueError):
+    return None
+  if limit >= enough:
+    return None
+  return (f"vm.max_map_count is {limit:,}: XLA:CPU keeps ~3 memory maps per compiled "
+          f"program, so a long run can pass it and die in a compile with 'LLVM compilation "
+          f"error: Cannot allocate memory' (or a segfault) with RAM free. Before a run of "
+          f"more than a few iterations, raise it: sudo sysctl -w vm.max_map_count={enough}")

@@ -1,4 +1,4 @@
-"""hostmem.keep_freed_memory: a large block freed and allocated again is not re-faulted."""
+"""hostmem: freed blocks are not re-faulted; a low memory-map limit is warned about."""
 
 import os
 import pathlib
@@ -7,6 +7,8 @@ import subprocess
 import sys
 
 import pytest
+
+from spade_jax import hostmem
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -47,3 +49,18 @@ def test_freed_pages_are_kept_for_the_next_allocation():
   # 4 x 64 MiB of 4 KiB pages faulted again by default; (almost) none once kept.
   assert default > 4 * (64 << 20) // 4096 // 2, default
   assert kept < default // 20, (kept, default)
+
+
+def test_map_limit_warning_names_the_limit_and_the_fix(tmp_path):
+  limit = tmp_path / "max_map_count"
+  limit.write_text("65530\n")
+  warning = hostmem.map_limit_warning("cpu", str(limit))
+  assert "65,530" in warning and "Cannot allocate memory" in warning
+  assert f"sysctl -w vm.max_map_count={hostmem.ENOUGH_MAPS}" in warning
+  # Other backends keep no compiled code in host maps; a high limit or no file is fine.
+  assert hostmem.map_limit_warning("gpu", str(limit)) is None
+  limit.write_text(f"{hostmem.ENOUGH_MAPS}\n")
+  assert hostmem.map_limit_warning("cpu", str(limit)) is None
+  assert hostmem.map_limit_warning("cpu", str(tmp_path / "absent")) is None
+  limit.write_text("not a number")
+  assert hostmem.map_limit_warning("cpu", str(limit)) is None

@@ -20,6 +20,7 @@ from etils import epath
 import jax
 
 from spade_jax import console
+from spade_jax import hostmem
 from spade_jax import eval as eval_lib
 from spade_jax import sandbox
 from spade_jax.checkpoint import Checkpointer
@@ -168,6 +169,9 @@ def train(config, workdir: str) -> dict[str, float]:
   if c.eval.suites:  # a missing package or data file fails before anything runs
     eval_lib.check_suites(c.eval.suites, c.eval.suite_configs())
   _say("%s", summary(run))
+  warning = hostmem.map_limit_warning(jax.default_backend())
+  if warning:
+    _say("warning: %s", warning)
   ckpt = Checkpointer(workdir, keep=c.keep_checkpoints)
   writer = None
   with sandbox.EnvPool(c.sandbox) as pool:

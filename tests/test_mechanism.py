@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import random
 
 import pytest
@@ -213,6 +214,11 @@ def test_an_arm_runs_one_iteration_and_refuses_other_weights(built, tmp_path):
   assert own == shared["scores"]
   assert run.start_eval(smoke=True, results=str(tmp_path / "results")) == shared  # read back
   assert rec["series"]["designer/valid_rate"]
+  # A finished run is read back, not rerun, even where today's config differs from its own.
+  before = pathlib.Path(path).stat().st_mtime_ns
+  assert run.run("spade", 0, args="lr=3e-5", smoke=True, root=str(tmp_path / "runs"),
+                 results=str(tmp_path / "results")) == path
+  assert pathlib.Path(path).stat().st_mtime_ns == before
   marker = tmp_path / "runs" / "spade-0" / "warm_start.json"
   marker.write_text(json.dumps({"sha256": "0" * 64, "hf": "elsewhere"}))
   with pytest.raises(ValueError, match="other weights"):

@@ -6,8 +6,8 @@ r"""Runs the mechanism experiment's arms, resumably, and records each run.
 Builds the warm start first when the cache lacks it (`warm_start.build`), then runs each
 arm x seed (seed by seed, so a partial queue still compares the arms) through the library's
 training loop in `$SPADE_JAX_CACHE/mechanism/runs/<arm>-<seed>`: a killed run resumes
-from its last checkpoint, a finished one is only read back. A run directory remembers the
-warm start's SHA-256 and refuses to go on from other weights. Each run writes
+from its last checkpoint, a finished one with its results file is only read back. A run
+directory remembers the warm start's SHA-256 and refuses to go on from other weights. Each run writes
 `results/<arm>-<seed>.json` (the warm start's digest, the evaluation curve, the designer
 and reward series); `python -m experiments.mechanism.report` tabulates them.
 
@@ -29,6 +29,7 @@ from absl import flags
 from experiments.configs import mechanism as configs
 from experiments.mechanism import common, report, warm_start
 from spade_jax import models, sandbox
+from spade_jax.checkpoint import Checkpointer
 from spade_jax.selfplay import build as builder, loop
 
 
@@ -66,6 +67,13 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
                        "it cannot go on from other weights. Remove it or give another root.")
   else:
     _write(marker, {"sha256": digest, "hf": hf})
+  path = os.path.join(results or (workdir if smoke else common.RESULTS), f"{name}.json")
+  done = Checkpointer(workdir).latest_step() or 0
+  if done >= config.iterations and os.path.isfile(path):
+    # Read back, not rerun: a finished run keeps the config it ran with (e.g. static-0's
+    # [8, 2,304] batches), which a changed layout in today's config would refuse.
+    print(f"{name}: finished ({done} iterations); {path} stands", flush=True)
+    return path
   start = None
   if config.eval.suites and not config.eval.at_start:
     start = start_eval(args=args, smoke=smoke, results=results or (workdir if smoke else ""))
@@ -75,7 +83,6 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
     record["curve"].insert(0, {"step": 0, **report.scores(start["scores"]), "shared": True})
   record["warm_start"] = {"sha256": digest, "hf": hf}
   record["config"] = json.loads(config.to_json())
-  path = os.path.join(results or (workdir if smoke else common.RESULTS), f"{name}.json")
   _write(path, record)
   print(f"wrote {path}", flush=True)
   return path

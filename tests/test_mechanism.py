@@ -66,6 +66,10 @@ def test_static_pool_holds_every_seen_family_at_every_level(programs):
   for r in rows:  # the report reads family and level back from either form
     name, lv = r["id"].split(":")
     assert common.family_of(r["program"]) == (name, pytest.approx(int(lv), abs=1.0))
+    if programs == "library":  # a reworded title: the import still names the family
+      reworded = '"""A game of my own."""' + r["program"].lstrip().split('"""', 2)[2]
+      assert common.family_of(reworded)[0] == name
+  assert common.family_of('"""A game."""\nimport random\n') == (None, None)
 
 
 def test_library_programs_are_the_default_and_run_where_the_arms_run():
@@ -232,7 +236,14 @@ def _result(arm, seed, start, end, band):
   return {"arm": arm, "seed": seed, "iterations": 10, "curve": curve,
           "series": {"designer/valid_rate": [[1, 0.9]],
                      "rewards/win_rate_band_frac": [[1, band], [2, band]]},
-          "warm_start": {"sha256": "a" * 64}}
+          "warm_start": {"sha256": "a" * 64},
+          "designed": [] if arm == "static" else [
+              {"iteration": 1, "family": "ordering", "level": 0.0, "verdict": "valid",
+               "nohint": 0.5, "hint": 1.0, "count": 3},
+              {"iteration": 2, "family": "grid_path", "level": 1.0, "verdict": "valid",
+               "nohint": 0.0, "hint": 0.0, "count": 1},
+              {"iteration": 2, "family": None, "level": None, "verdict": "crash",
+               "nohint": 0.0, "hint": 0.0, "count": 1}]}
 
 
 def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
@@ -242,8 +253,13 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
           _result(arm, seed, 0.2, 0.2 + gain + noise, 0.5 if arm == "spade" else 0.3)))
   readme = tmp_path / "README.md"
   readme.write_text("top\n<!-- report:table -->\nold\n<!-- /report:table -->\nmiddle\n"
-                    "<!-- report:contrasts -->\n<!-- /report:contrasts -->\nend\n")
+                    "<!-- report:contrasts -->\n<!-- /report:contrasts -->\n"
+                    "<!-- report:designers -->\n<!-- /report:designers -->\nend\n")
   out = report.report(str(tmp_path), str(readme))
+  # Pooled over 3 runs: 15 written, 12 valid (9 ordering at 0.5 unhinted, 3 grid_path at 0).
+  assert "| spade | 3 | 15 | 12 | ordering 75%, grid_path 25% | 0.375 | 0.750 |" in \
+      out["designers"]
+  assert "| static |" not in out["designers"] and out["designers"] in readme.read_text()
   assert "| spade | 3 |" in out["table"] and "| static | 3 |" in out["table"]
   assert "0.500 ± 0.050 (+0.300 ± 0.050)" in out["table"]
   [row] = [r for r in out["contrasts"].splitlines() if r.startswith("| spade - static")]

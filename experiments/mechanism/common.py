@@ -74,17 +74,23 @@ def weights_digest(hf: str) -> str:
 
 def family_of(source: str) -> tuple[str | None, float | None]:
   """(family, mean difficulty level of its knobs) of a program written from a family: the
-  family whose title opens it, each knob's level the one closest to the value it sets."""
-  for fam in FAMILIES.values():
-    if source.lstrip().startswith(f'"""{fam.title}"""'):
-      levels = []
-      for k in fam.knobs:
-        m = re.search(rf"^{k.name} = (-?\d+)", source, re.M)
-        if m:
-          v = int(m.group(1))
-          levels.append(min(range(len(k.levels)), key=lambda i: (abs(k.levels[i] - v), i)))
-      return fam.name, (sum(levels) / len(levels) if levels else None)
-  return None, None
+  family whose title opens it, else the family a library program imports (`from families
+  import <name>`, its title reworded); each knob's level the one closest to the value it
+  sets."""
+  fam = next((f for f in FAMILIES.values()
+              if source.lstrip().startswith(f'"""{f.title}"""')), None)
+  if fam is None:
+    m = re.search(r"^from families import (\w+)", source, re.M)
+    fam = FAMILIES.get(m.group(1)) if m else None
+  if fam is None:
+    return None, None
+  levels = []
+  for k in fam.knobs:
+    m = re.search(rf"^{k.name} = (-?\d+)", source, re.M)
+    if m:
+      v = int(m.group(1))
+      levels.append(min(range(len(k.levels)), key=lambda i: (abs(k.levels[i] - v), i)))
+  return fam.name, (sum(levels) / len(levels) if levels else None)
 
 
 __all__ = ["AGENT_TURN_TOKENS", "ARMS", "BASE", "DESIGNER_KNOB_LEVELS", "DESIGNER_LEVEL",

@@ -9,11 +9,12 @@ and recomputes:
   the last evaluation and of its gain over the first (the warm start, iteration 0);
 * every pairwise contrast of arms on the gains: difference of means with a pooled-variance
   95% t interval;
+* what each arm's designer wrote: programs, valid ones, their families and win rates;
 * learning curves (`results/curve_<score>.png`): each arm's mean over seeds at every
   evaluation.
 
 The README's text between `<!-- report:NAME -->` and `<!-- /report:NAME -->` is replaced
-by the tables (NAME: `table`, `contrasts`).
+by the tables (NAME: `table`, `contrasts`, `designers`).
 """
 
 from __future__ import annotations
@@ -74,18 +75,31 @@ def scores(row: dict) -> dict[str, float]:
   return {k: sum(v) / len(v) for k, v in per.items()}
 
 
-def designed_levels(workdir: str) -> list[list[float]]:
-  """[[step, mean level]] of the family-style programs in the run's memory per iteration."""
+def designed(workdir: str) -> list[dict]:
+  """The run's designed programs as its memory holds them (one entry per distinct program):
+  the iteration it was last written, its family and mean knob level (`common.family_of`),
+  its verdict ("valid" or the failure), its win rates without and with hints, and how many
+  times it was written."""
   path = os.path.join(workdir, "memory.json")
   if not os.path.isfile(path):
     return []
   with open(path) as f:
     records = json.load(f)["records"]
-  by_it = collections.defaultdict(list)
+  out = []
   for r in records:
-    level = common.family_of(r["program"])[1]
-    if level is not None:
-      by_it[int(r["iteration"]) + 1].append(level)
+    family, level = common.family_of(r["program"])
+    out.append({"iteration": int(r["iteration"]) + 1, "family": family, "level": level,
+                "verdict": r.get("reason") or "valid", "nohint": r.get("win_rate_nohint"),
+                "hint": r.get("win_rate_hint"), "count": int(r.get("count", 1))})
+  return out
+
+
+def designed_levels(programs: list[dict]) -> list[list[float]]:
+  """[[iteration, mean level]] of the family-style programs among ``programs``."""
+  by_it = collections.defaultdict(list)
+  for p in programs:
+    if p["level"] is not None:
+      by_it[p["iteration"]].append(p["level"])
   return [[it, sum(v) / len(v)] for it, v in sorted(by_it.items())]
 
 
@@ -93,12 +107,13 @@ def collect(workdir: str, *, arm: str, seed: int) -> dict:
   """One run's record: its evaluation curve and per-iteration series, JSON-able."""
   rows = read_metrics(workdir)
   evals = [r for r in rows if any(k.startswith("eval/families/") for k in r)]
+  programs = designed(workdir)
   return {"arm": arm, "seed": seed,
           "iterations": max((int(r["step"]) for r in rows), default=0),
           "curve": [{"step": int(r["step"]), **scores(r)} for r in evals],
           "series": {k: [[int(r["step"]), float(r[k])] for r in rows if k in r]
                      for k in SERIES},
-          "designed_levels": designed_levels(workdir)}
+          "designed": programs, "designed_levels": designed_levels(programs)}
 
 
 def mean_ci(xs) -> tuple[float, float, int]:
@@ -200,6 +215,34 @@ def contrast_table(results: list[dict]) -> str:
   return "\n".join(lines) + "\n"
 
 
+def designer_table(results: list[dict], top: int = 4) -> str:
+  """Per arm with a designer: what it wrote, pooled over its runs. Programs are counted
+  as written (a program written twice counts twice); the win rates are the memory's, the
+  mean over the valid programs' writes."""
+  lines = ["| arm | runs | written | valid | families of the valid (share) | "
+           "unhinted win | hinted win |", "|---" * 7 + "|"]
+  for arm in common.ARMS:
+    runs = [r for r in results if r["arm"] == arm and r.get("designed")]
+    if not runs:
+      continue
+    progs = [p for r in runs for p in r["designed"]]
+    written = sum(p["count"] for p in progs)
+    valid = [p for p in progs if p["verdict"] == "valid"]
+    n = sum(p["count"] for p in valid)
+    fams = collections.Counter()
+    for p in valid:
+      fams[p["family"] or "other"] += p["count"]
+    shares = ", ".join(f"{f} {c / n:.0%}" for f, c in fams.most_common(top)) if n else "-"
+    if len(fams) > top:
+      shares += f", {len(fams) - top} more"
+    win = lambda k: (sum(p["count"] * p[k] for p in valid if p[k] is not None) /
+                     max(1, sum(p["count"] for p in valid if p[k] is not None)))
+    lines.append(f"| {arm} | {len(runs)} | {written} | {n} | {shares} | "
+                 f"{_fmt(win('nohint') if n else math.nan, math.nan)} | "
+                 f"{_fmt(win('hint') if n else math.nan, math.nan)} |")
+  return "\n".join(lines) + "\n"
+
+
 def plots(results: list[dict], out_dir: str) -> list[str]:
   """One PNG per score: each arm's mean over seeds at each evaluation step."""
   paths = []
@@ -247,9 +290,9 @@ def report(results_dir: str, readme: str = "") -> dict:
     raise FileNotFoundError(f"No <arm>-<seed>.json results in {results_dir}; run "
                             "`python -m experiments.mechanism.run` first.")
   out = {"table": arm_table(results), "contrasts": contrast_table(results),
-         "plots": plots(results, results_dir)}
+         "designers": designer_table(results), "plots": plots(results, results_dir)}
   if readme:
-    for name in ("table", "contrasts"):
+    for name in ("table", "contrasts", "designers"):
       fill(readme, name, out[name])
   return out
 
@@ -260,6 +303,7 @@ def main(argv):
   out = report(_RESULTS.value, _README.value)
   print(out["table"])
   print(out["contrasts"])
+  print(out["designers"])
   print("plots:", *out["plots"])
 
 

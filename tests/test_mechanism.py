@@ -72,6 +72,19 @@ def test_static_pool_holds_every_seen_family_at_every_level(programs):
   assert common.family_of('"""A game."""\nimport random\n') == (None, None)
 
 
+def test_the_static_pool_can_stop_at_a_level():
+  with open(configs.static_pool_path("library", max_level=1)) as f:
+    ids = [json.loads(line)["id"] for line in f]
+  assert ids == [f"{n}:{lv}" for n in common.seen() for lv in (0, 1)]
+  cfg = configs.get_config("arm=static,pool_max_level=1")
+  assert cfg.static_pool.path == configs.static_pool_path("library", 1)
+  assert cfg.static_pool.path != configs.get_config("arm=static").static_pool.path
+  with pytest.raises(ValueError, match="pool_max_level=5"):
+    configs.static_pool_path("library", max_level=NUM_LEVELS)
+  with pytest.raises(ValueError, match="lower-case"):
+    run.run("static", 0, tag="Easy-1")
+
+
 def test_library_programs_are_the_default_and_run_where_the_arms_run():
   for arm in ("warm_start",) + common.ARMS:
     c = configs.get_config(f"arm={arm}")
@@ -251,6 +264,9 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
     for seed, noise in enumerate((0.0, 0.02, -0.02)):
       (tmp_path / f"{arm}-{seed}.json").write_text(json.dumps(
           _result(arm, seed, 0.2, 0.2 + gain + noise, 0.5 if arm == "spade" else 0.3)))
+  # A tagged variant of an arm is a row of its own, after the arm's.
+  (tmp_path / "static-0-easy.json").write_text(json.dumps(
+      {**_result("static", 0, 0.2, 0.6, 0.4), "tag": "easy"}))
   readme = tmp_path / "README.md"
   readme.write_text("top\n<!-- report:table -->\nold\n<!-- /report:table -->\nmiddle\n"
                     "<!-- report:contrasts -->\n<!-- /report:contrasts -->\n"
@@ -261,8 +277,10 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
       out["designers"]
   assert "| static |" not in out["designers"] and out["designers"] in readme.read_text()
   assert "| spade | 3 |" in out["table"] and "| static | 3 |" in out["table"]
+  assert out["table"].index("| static | 3 |") < out["table"].index("| static [easy] | 1 |")
+  assert "| static - static [easy] |" in out["contrasts"]
   assert "0.500 ± 0.050 (+0.300 ± 0.050)" in out["table"]
-  [row] = [r for r in out["contrasts"].splitlines() if r.startswith("| spade - static")]
+  [row] = [r for r in out["contrasts"].splitlines() if r.startswith("| spade - static |")]
   # Every score's gain differs by 0.2; the band share by 0.2 exactly (no spread).
   assert row.count("+0.200 ± 0.045") == len(report.SCORES) and row.endswith("+0.200 ± 0.000 |")
   text = readme.read_text()

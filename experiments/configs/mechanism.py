@@ -21,6 +21,9 @@ Arguments (`get_config("arm=spade,seed=0[,iterations=..,eval_every=..,smoke]")`)
     levels; `eval_samples` plays at T 0.6 per seed (success and pass@k) and one greedy play.
   warm_start: the warm start's HF directory (default: the cache's,
     `$SPADE_JAX_CACHE/mechanism/warm_start/hf`).
+  pool_max_level: the `static` arm's pool holds the seen families at levels 0 to this
+    (default all five; `pool_max_level=1` is the pool the agent can win, with `run.py
+    --tag` so it runs beside the arm's own runs).
   programs: what the designer writes: `library` (default; a short program that imports a
     seen family from the sandbox module `families` and sets its knobs,
     `spade_jax.envs.families.library`) or `full` (the whole family program, up to 1,448
@@ -47,7 +50,7 @@ from spade_jax.envs.families import FAMILIES, NUM_LEVELS, library
 ARGS = dict(arm="spade", seed=0, iterations=20, eval_every=10, envs=4, plays=4, hinted=2,
             lr=1e-5, eval_seeds=2, eval_samples=2, warm_start="", programs="library",
             steps=32, designer_rows=160, agent_rows=480, sft_lr=1e-4, train_slips=False,
-            shared_start=True, smoke=False)
+            shared_start=True, pool_max_level=NUM_LEVELS - 1, smoke=False)
 ROLES = ("warm_start",) + mech.ARMS
 
 
@@ -67,13 +70,18 @@ def starting_items() -> str:
                   [f"{mech.HELD_OUT}:{lv}" for lv in mech.HELD_OUT_LEVELS])
 
 
-def static_pool_path(programs: str = "library") -> str:
-  """The static arm's pool (JSONL in the cache): every seen family at every level, as the
-  designers write programs (``programs``, see `experiments/mechanism/data.render`)."""
+def static_pool_path(programs: str = "library", max_level: int = NUM_LEVELS - 1) -> str:
+  """The static arm's pool (JSONL in the cache): every seen family at every level up to
+  ``max_level`` (all of them by default), as the designers write programs (``programs``,
+  see `experiments/mechanism/data.render`)."""
+  if not 0 <= max_level < NUM_LEVELS:
+    raise ValueError(f"pool_max_level={max_level}; expected a level in 0..{NUM_LEVELS - 1}.")
   rows = [{"id": f"{n}:{lv}", "program": data.render(programs, FAMILIES[n],
                                                       FAMILIES[n].levels(lv))}
-          for n in mech.seen() for lv in range(NUM_LEVELS)]
-  return common.write_once(os.path.join(mech.cache_dir(), f"static_pool_{programs}.jsonl"),
+          for n in mech.seen() for lv in range(max_level + 1)]
+  name = f"static_pool_{programs}" + ("" if max_level == NUM_LEVELS - 1 else
+                                      f"_to{max_level}")
+  return common.write_once(os.path.join(mech.cache_dir(), f"{name}.jsonl"),
                            "".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -140,7 +148,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       max_len=2048, concurrency=32))
   if a.arm == "static":
     c.selfplay.env_source = "static_pool"
-    c.static_pool.path = static_pool_path(a.programs)
+    c.static_pool.path = static_pool_path(a.programs, a.pool_max_level)
   elif a.arm == "solve_rate":
     c.rewards.variant = "solve_rate"
   elif a.arm == "frozen_designer":

@@ -103,12 +103,12 @@ def designed_levels(programs: list[dict]) -> list[list[float]]:
   return [[it, sum(v) / len(v)] for it, v in sorted(by_it.items())]
 
 
-def collect(workdir: str, *, arm: str, seed: int) -> dict:
+def collect(workdir: str, *, arm: str, seed: int, tag: str = "") -> dict:
   """One run's record: its evaluation curve and per-iteration series, JSON-able."""
   rows = read_metrics(workdir)
   evals = [r for r in rows if any(k.startswith("eval/families/") for k in r)]
   programs = designed(workdir)
-  return {"arm": arm, "seed": seed,
+  return {"arm": arm, "seed": seed, **({"tag": tag} if tag else {}),
           "iterations": max((int(r["step"]) for r in rows), default=0),
           "curve": [{"step": int(r["step"]), **scores(r)} for r in evals],
           "series": {k: [[int(r["step"]), float(r[k])] for r in rows if k in r]
@@ -164,28 +164,37 @@ def load(results_dir: str) -> list[dict]:
       r = json.load(f)
     if r.get("arm") in common.ARMS:
       out.append(r)
-  return sorted(out, key=lambda r: (common.ARMS.index(r["arm"]), r["seed"]))
+  return sorted(out, key=lambda r: (common.ARMS.index(r["arm"]), r.get("tag", ""), r["seed"]))
+
+
+def row_label(result: dict) -> str:
+  """A run's row in the tables: its arm, and its tag where it has one (a variant of the
+  arm, e.g. `static [easy]`, run with `run.py --tag`)."""
+  return result["arm"] + (f" [{result['tag']}]" if result.get("tag") else "")
+
+
+def row_labels(results: list[dict]) -> list[str]:
+  """The rows of ``results`` (already in `load`'s order), each once."""
+  return list(dict.fromkeys(row_label(r) for r in results))
 
 
 def arm_table(results: list[dict]) -> str:
   """Per arm: each score's last value and its gain over the start (mean ± 95% t)."""
   by_arm = collections.defaultdict(list)
   for r in results:
-    by_arm[r["arm"]].append(end_and_gain(r))
+    by_arm[row_label(r)].append(end_and_gain(r))
   head = "| arm | runs | " + " | ".join(f"{label}: end (gain)" for _, label in
                                           SCORES.values()) + " | designer valid |"
   lines = [head, "|---" * (len(SCORES) + 3) + "|"]
-  for arm in common.ARMS:
-    runs = by_arm.get(arm, [])
-    if not runs:
-      continue
+  for arm in row_labels(results):
+    runs = by_arm[arm]
     cells = []
     for k in SCORES:
       end = mean_ci([r[k][0] for r in runs if k in r])
       gain = mean_ci([r[k][1] for r in runs if k in r])
       cells.append(f"{_fmt(*end[:2])} ({_fmt(*gain[:2], sign='+')})")
     valid = mean_ci([_series_mean(r, "designer/valid_rate")
-                     for r in results if r["arm"] == arm])
+                     for r in results if row_label(r) == arm])
     lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) +
                  f" | {_fmt(*valid[:2])} |")
   return "\n".join(lines) + "\n"
@@ -201,14 +210,14 @@ def contrast_table(results: list[dict]) -> str:
   gains = collections.defaultdict(lambda: collections.defaultdict(list))
   for r in results:
     for k, (_, gain) in end_and_gain(r).items():
-      gains[r["arm"]][k].append(gain)
+      gains[row_label(r)][k].append(gain)
     band = _series_mean(r, "rewards/win_rate_band_frac")
     if band is not None:
-      gains[r["arm"]]["band"].append(band)
+      gains[row_label(r)]["band"].append(band)
   keys = list(SCORES) + ["band"]
   labels = [label for _, label in SCORES.values()] + ["envs in the learning band"]
   lines = ["| contrast | " + " | ".join(labels) + " |", "|---" * (len(keys) + 1) + "|"]
-  arms = [a for a in common.ARMS if a in gains]
+  arms = [a for a in row_labels(results) if a in gains]
   for a, b in itertools.combinations(arms, 2):
     cells = [_fmt(*contrast(gains[a][k], gains[b][k])[:2], sign="+") for k in keys]
     lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
@@ -221,8 +230,8 @@ def designer_table(results: list[dict], top: int = 4) -> str:
   mean over the valid programs' writes."""
   lines = ["| arm | runs | written | valid | families of the valid (share) | "
            "unhinted win | hinted win |", "|---" * 7 + "|"]
-  for arm in common.ARMS:
-    runs = [r for r in results if r["arm"] == arm and r.get("designed")]
+  for arm in row_labels(results):
+    runs = [r for r in results if row_label(r) == arm and r.get("designed")]
     if not runs:
       continue
     progs = [p for r in runs for p in r["designed"]]
@@ -248,10 +257,10 @@ def plots(results: list[dict], out_dir: str) -> list[str]:
   paths = []
   for k, (_, label) in SCORES.items():
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    for arm in common.ARMS:
+    for arm in row_labels(results):
       by_step = collections.defaultdict(list)
       for r in results:
-        if r["arm"] == arm:
+        if row_label(r) == arm:
           for point in r["curve"]:
             if k in point:
               by_step[point["step"]].append(point[k])

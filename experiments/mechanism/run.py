@@ -1,7 +1,7 @@
 r"""Runs the mechanism experiment's arms, resumably, and records each run.
 
   python -m experiments.mechanism.run [--arms=spade,static,solve_rate,frozen_designer]
-      [--seeds=0,1,2] [--args=iterations=30] [--smoke]
+      [--seeds=0,1,2] [--args=pool_max_level=1 --tag=easy] [--smoke]
 
 Builds the warm start first when the cache lacks it (`warm_start.build`), then runs each
 arm x seed (seed by seed, so a partial queue still compares the arms) through the library's
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 from absl import app
@@ -38,14 +39,18 @@ WARM_START_ARGS = ("steps", "designer_rows", "agent_rows", "sft_lr", "train_slip
 
 
 def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str = "",
-        results: str = "") -> str:
+        results: str = "", tag: str = "") -> str:
   """Runs (or resumes) one arm x seed; returns the path of its results JSON.
 
   ``root``: where the run directories live (default the cache's runs/); ``results``: where
-  the JSON goes (default `results/`, the run directory for smoke).
+  the JSON goes (default `results/`, the run directory for smoke); ``tag``: a variant of
+  the arm (other ``args``), named `<arm>-<seed>-<tag>` and reported as its own row.
   """
   if arm not in common.ARMS:
     raise ValueError(f"Unknown arm {arm!r}; expected one of {list(common.ARMS)}.")
+  if tag and not re.fullmatch(r"[a-z0-9_]+", tag):
+    raise ValueError(f"tag={tag!r}; expected lower-case letters, digits and _ (it names "
+                     "the run's directory and results file).")
   ws_args = ",".join(a for a in args.split(",") if a.split("=")[0] in WARM_START_ARGS)
   ws = warm_start.build(ws_args, smoke=smoke)  # read back when already built
   config = configs.get_config(",".join(a for a in (f"arm={arm}", f"seed={seed}", args,
@@ -55,7 +60,7 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
   if digest != ws["sha256"]:
     raise ValueError(f"{hf} holds weights {digest[:12]}, not the warm start's "
                      f"{ws['sha256'][:12]}; rebuild the warm start.")
-  name = f"{arm}-{seed}"
+  name = f"{arm}-{seed}" + (f"-{tag}" if tag else "")
   workdir = os.path.join(root or common.runs_dir() + ("_smoke" if smoke else ""), name)
   os.makedirs(workdir, exist_ok=True)
   marker = os.path.join(workdir, "warm_start.json")
@@ -78,7 +83,7 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
   if config.eval.suites and not config.eval.at_start:
     start = start_eval(args=args, smoke=smoke, results=results or (workdir if smoke else ""))
   loop.train(config, workdir)
-  record = report.collect(workdir, arm=arm, seed=seed)
+  record = report.collect(workdir, arm=arm, seed=seed, tag=tag)
   if start is not None:  # the run itself did not evaluate at step 0
     record["curve"].insert(0, {"step": 0, **report.scores(start["scores"]), "shared": True})
   record["warm_start"] = {"sha256": digest, "hf": hf}
@@ -137,16 +142,18 @@ def _write(path: str, record: dict) -> None:
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  run_all(_ARMS.value, _SEEDS.value, args=_ARGS.value, smoke=_SMOKE.value)
+  run_all(_ARMS.value, _SEEDS.value, args=_ARGS.value, smoke=_SMOKE.value, tag=_TAG.value)
 
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _ARMS, _SEEDS, _ARGS, _SMOKE
+  global _ARMS, _SEEDS, _ARGS, _SMOKE, _TAG
   _ARMS = flags.DEFINE_list("arms", list(common.ARMS), "Arms to run.")
   _SEEDS = flags.DEFINE_list("seeds", [str(s) for s in common.SEEDS], "Seeds to run.")
   _ARGS = flags.DEFINE_string("args", "", "Further config arguments, e.g. 'iterations=30'.")
   _SMOKE = flags.DEFINE_bool("smoke", False, "One iteration of a tiny random model.")
+  _TAG = flags.DEFINE_string("tag", "", "A variant of the arms (other --args): runs and "
+                             "results are named <arm>-<seed>-<tag>.")
 
 
 if __name__ == "__main__":

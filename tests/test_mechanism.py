@@ -281,8 +281,17 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
   assert "| static - static [easy] |" in out["contrasts"]
   assert "0.500 ± 0.050 (+0.300 ± 0.050)" in out["table"]
   [row] = [r for r in out["contrasts"].splitlines() if r.startswith("| spade - static |")]
-  # Every score's gain differs by 0.2; the band share by 0.2 exactly (no spread).
-  assert row.count("+0.200 ± 0.045") == len(report.SCORES) and row.endswith("+0.200 ± 0.000 |")
+  # Paired by seed: every seed's gain differs by exactly 0.2, as does its band share.
+  assert row.startswith("| spade - static | 3 paired |")
+  assert row.count("+0.200 ± 0.000") == len(report.SCORES) + 1
+  # Unpaired (pooled variance) where the seeds differ: one easy run against three.
+  [row] = [r for r in out["contrasts"].splitlines() if r.startswith("| static - static [")]
+  assert row.startswith("| static - static [easy] | 3 vs 1 | -0.300 |")
+  # Lists are unpaired: both variances 1, so a half-width of t(4) * sqrt(1/3 + 1/3); the
+  # same values as seed dicts are paired: every difference is 1, no spread.
+  assert report.contrast([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]) == \
+      pytest.approx((1.0, 2.776 * (2 / 3) ** 0.5, 4), rel=1e-3)
+  assert report.contrast({0: 1.0, 1: 2.0, 2: 3.0}, {0: 0.0, 1: 1.0, 2: 2.0}) == (1.0, 0.0, 2)
   text = readme.read_text()
   assert "old" not in text and out["table"] in text and out["contrasts"] in text
   assert text.startswith("top\n") and text.endswith("end\n")

@@ -7,8 +7,8 @@ and recomputes:
 
 * the per-arm table: for each score, the mean over seeds (95% t interval) of its value at
   the last evaluation and of its gain over the first (the warm start, iteration 0);
-* every pairwise contrast of arms on the gains: difference of means with a pooled-variance
-  95% t interval;
+* every pairwise contrast of arms on the gains: difference of means with a 95% t interval,
+  paired by seed where both arms ran the same seeds (pooled variance otherwise);
 * what each arm's designer wrote: programs, valid ones, their families and win rates;
 * learning curves (`results/curve_<score>.png`): each arm's mean over seeds at every
   evaluation.
@@ -130,7 +130,18 @@ def mean_ci(xs) -> tuple[float, float, int]:
 
 
 def contrast(a, b) -> tuple[float, float, int]:
-  """(mean(a) - mean(b), pooled-variance 95% t half-width, df)."""
+  """(mean(a) - mean(b), 95% t half-width, df).
+
+  ``a`` and ``b`` are lists (unpaired: a pooled-variance interval) or seed -> value dicts;
+  dicts over the same seeds are paired (the interval of the per-seed differences, n - 1
+  df): every arm's run of a seed starts from the same evaluation and sampling keys, and
+  the arms that design play the same games until a designer update first differs.
+  """
+  if isinstance(a, dict) and isinstance(b, dict):
+    if a and set(a) == set(b):
+      m, ci, n = mean_ci([a[s] - b[s] for s in a])
+      return m, ci, n - 1
+    a, b = list(a.values()), list(b.values())
   if len(a) < 1 or len(b) < 1:
     return float("nan"), float("nan"), 0
   ma, mb = sum(a) / len(a), sum(b) / len(b)
@@ -206,21 +217,25 @@ def _series_mean(result: dict, key: str) -> float | None:
 
 
 def contrast_table(results: list[dict]) -> str:
-  """Every pair of arms: the difference of their mean gains (95% pooled t interval)."""
-  gains = collections.defaultdict(lambda: collections.defaultdict(list))
+  """Every pair of arms: the difference of their mean gains, 95% t interval, paired by
+  seed where both ran the same seeds (`contrast`)."""
+  gains = collections.defaultdict(lambda: collections.defaultdict(dict))
   for r in results:
     for k, (_, gain) in end_and_gain(r).items():
-      gains[row_label(r)][k].append(gain)
+      gains[row_label(r)][k][r["seed"]] = gain
     band = _series_mean(r, "rewards/win_rate_band_frac")
     if band is not None:
-      gains[row_label(r)]["band"].append(band)
+      gains[row_label(r)]["band"][r["seed"]] = band
   keys = list(SCORES) + ["band"]
   labels = [label for _, label in SCORES.values()] + ["envs in the learning band"]
-  lines = ["| contrast | " + " | ".join(labels) + " |", "|---" * (len(keys) + 1) + "|"]
+  lines = ["| contrast | seeds | " + " | ".join(labels) + " |",
+           "|---" * (len(keys) + 2) + "|"]
   arms = [a for a in row_labels(results) if a in gains]
   for a, b in itertools.combinations(arms, 2):
     cells = [_fmt(*contrast(gains[a][k], gains[b][k])[:2], sign="+") for k in keys]
-    lines.append(f"| {a} - {b} | " + " | ".join(cells) + " |")
+    sa, sb = ({r["seed"] for r in results if row_label(r) == x} for x in (a, b))
+    seeds = f"{len(sa)} paired" if sa == sb else f"{len(sa)} vs {len(sb)}"
+    lines.append(f"| {a} - {b} | {seeds} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 
 

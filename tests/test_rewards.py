@@ -288,3 +288,15 @@ def test_bad_config_and_shapes_name_the_problem():
   with pytest.raises(ValueError, match=r"rewards_nohint has shape \(2, 3\); expected \(2, 4\)"):
     buf.record(np.zeros((2, 3)), np.ones((2, 3), bool), np.zeros((2, 4)),
                np.ones((2, 4), bool), [0, 0], [True, True])
+
+
+def test_a_skill_with_one_slot_centres_its_designs_to_zero():
+  # What `stages.design.lone_skill_warning` warns of: two slots of skill 0 keep their
+  # difference; skill 1's only slot is centred on itself, whatever its raw score.
+  cfg = RewardConfig(variant="blend", scale=32.0)
+  raw = np.array([[0.9], [0.1], [0.7]], np.float32)
+  kinds = np.full((3, 1), rw.PLAYED, np.int32)
+  values, use = credit(raw, kinds, np.array([0, 0, 1], np.int32), np.zeros((3, 1), bool),
+                       cfg)
+  assert np.asarray(use).all()
+  np.testing.assert_allclose(np.asarray(values)[:, 0], [12.8, -12.8, 0.0], atol=1e-5)

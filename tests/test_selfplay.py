@@ -1,6 +1,7 @@
 """Self-play: a scripted iteration through every stage, config errors, and an
 end-to-end smoke run of the real launcher path with resume."""
 
+import dataclasses
 import json
 import os
 import sys
@@ -14,6 +15,7 @@ from spade_jax.metrics import read_metrics
 from spade_jax.models import ByteVocab, HFTokenizer, get_preset
 from spade_jax.sampling import Generation, SamplingConfig
 from spade_jax.selfplay import iteration as iteration_lib
+from spade_jax.selfplay.stages import design as design_lib
 from spade_jax.selfplay.stages import play as play_lib
 from spade_jax.selfplay.build import make
 from spade_jax.selfplay.loop import progress_line
@@ -228,6 +230,21 @@ def test_skills_rotate_per_regeneration():
   assert set(second) == set(skills[3:]) and second.count(skills[3]) == 8
   assert set(iteration_lib.regen_skills(skills, 0, 5, 12)) == set(skills)
   assert iteration_lib.regen_skills(skills[:2], 3, 1, 4) == list(skills[:2]) * 2
+
+
+def test_a_skill_dealt_one_slot_is_warned_of():
+  lone = selfplay.SelfPlayConfig(num_envs=4, skills_per_regen=4)
+  warning = design_lib.lone_skill_warning(lone, center_by_skill=True)
+  assert "leaves 4 skill(s) a single env slot" in warning
+  assert "skills_per_regen to at most 2" in warning
+  three = design_lib.lone_skill_warning(selfplay.SelfPlayConfig(num_envs=4, skills_per_regen=3),
+                                        True)
+  assert "leaves 2 skill(s)" in three  # 4 slots over 3 skills: 2, 1, 1
+  assert design_lib.lone_skill_warning(selfplay.SelfPlayConfig(num_envs=24), True) is None
+  # Nothing centres designer rewards by skill, or the designer does not train: no warning.
+  assert design_lib.lone_skill_warning(lone, center_by_skill=False) is None
+  assert design_lib.lone_skill_warning(dataclasses.replace(lone, train_designer=False),
+                                       True) is None
 
 
 # Crashes when an agent guesses 50, unless solution() was called on the instance (as the

@@ -124,7 +124,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       hinted_plays=a.hinted, max_turns=mech.MAX_TURNS,
       agent_turn_tokens=mech.AGENT_TURN_TOKENS,
       designer_new_tokens=mech.DESIGNER_NEW_TOKENS[a.programs],
-      designer_prompt_tokens=mech.DESIGNER_PROMPT_TOKENS, skills_per_regen=a.envs,
+      # Two slots a skill (2 of the 4 skills an iteration): designer rewards are centred
+      # by skill, and a skill's only slot would be centred on itself (advantage 0).
+      designer_prompt_tokens=mech.DESIGNER_PROMPT_TOKENS, skills_per_regen=max(1, a.envs // 2),
       designer_resamples=1, regen_every=1, hint_source="program", fill_from_pool=True,
       designer_thinking=False, agent_thinking=False)
   c.rewards = dict(variant="blend", credit_window=1, invalid_penalty=-1.0)
@@ -171,7 +173,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.checkpoint_every = 1
     c.train.update(batch_size=8, seq_len=4096, num_microbatches=1)  # 8 test devices
     c.selfplay.update(num_envs=2, plays=2, hinted_plays=1, designer_new_tokens=32,
-                      skills_per_regen=2, max_turns=4)
+                      skills_per_regen=1, max_turns=4)
     c.sandbox.num_workers = 2
     c.eval.every = 1
     c.eval.overrides.families.update(seeds=1, samples=2, max_new_tokens=8, max_len=1024)

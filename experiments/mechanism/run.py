@@ -7,9 +7,9 @@ Builds the warm start first when the cache lacks it (`warm_start.build`), then r
 arm x seed (seed by seed, so a partial queue still compares the arms) through the library's
 training loop in `$SPADE_JAX_CACHE/mechanism/runs/<arm>-<seed>`: a killed run resumes
 from its last checkpoint, a finished one with its results file is only read back. A run
-directory remembers the warm start's SHA-256 and refuses to go on from other weights. Each run writes
-`results/<arm>-<seed>.json` (the warm start's digest, the evaluation curve, the designer
-and reward series); `python -m experiments.mechanism.report` tabulates them.
+directory remembers the warm start's SHA-256 and refuses to go on from other weights. Each
+run writes `results/<arm>-<seed>.json` (the warm start's digest, the evaluation curve, the
+designer and reward series); `python -m experiments.mechanism.report` tabulates them.
 
 Every arm x seed starts from the same weights and evaluates with the same suite config and
 sampling keys, so their evaluation before training is one computation: `start_eval` makes

@@ -27,6 +27,7 @@ from spade_jax.checkpoint import Checkpointer
 from spade_jax.metrics import MetricsWriter
 from spade_jax.sampling import Sampler
 from spade_jax.selfplay.build import RESUMABLE_CHANGES, build_run, default_value, summary
+from spade_jax.selfplay.stages.design import lone_skill_warning
 
 
 def progress_line(it: int, total: int, m: Mapping[str, float]) -> str:
@@ -169,9 +170,10 @@ def train(config, workdir: str) -> dict[str, float]:
   if c.eval.suites:  # a missing package or data file fails before anything runs
     eval_lib.check_suites(c.eval.suites, c.eval.suite_configs())
   _say("%s", summary(run))
-  warning = hostmem.map_limit_warning(jax.default_backend())
-  if warning:
-    _say("warning: %s", warning)
+  for warning in (hostmem.map_limit_warning(jax.default_backend()),
+                  lone_skill_warning(c.selfplay, c.rewards.center_by_skill)):
+    if warning:
+      _say("warning: %s", warning)
   ckpt = Checkpointer(workdir, keep=c.keep_checkpoints)
   writer = None
   with sandbox.EnvPool(c.sandbox) as pool:

@@ -49,6 +49,27 @@ def regen_skills(skills: tuple[str, ...], per_regen: int, regen: int,
   return [chosen[e % k] for e in range(num_envs)]
 
 
+def lone_skill_warning(cfg: SelfPlayConfig, center_by_skill: bool) -> str | None:
+  """A warning when a regeneration deals some skill a single slot while the designer
+  trains on rewards centred by skill (`rewards.center_by_skill`): that slot's samples are
+  centred on themselves, so a valid design's advantage is exactly 0 whatever its regret,
+  and only a failed resample next to it trains the designer. None when every skill of a
+  regeneration gets two slots or more, or nothing centres designer rewards by skill."""
+  if cfg.env_source != "designer" or not cfg.train_designer or not center_by_skill:
+    return None
+  skills = cfg.skills or envs.SKILLS[cfg.setting]
+  dealt = collections.Counter(regen_skills(skills, cfg.skills_per_regen, 0, cfg.num_envs))
+  lone = sorted(s for s, n in dealt.items() if n < 2)
+  if not lone:
+    return None
+  return (f"selfplay.num_envs={cfg.num_envs} dealt over {len(dealt)} skills a regeneration "
+          f"leaves {len(lone)} skill(s) a single env slot ({', '.join(lone)}): designer "
+          f"rewards are centred by skill, so those designs get an advantage of 0 and only "
+          f"failed resamples train the designer. Set selfplay.skills_per_regen to at most "
+          f"{max(1, cfg.num_envs // 2)} (the reference deals 8 envs a skill), or "
+          f"rewards.center_by_skill=False.")
+
+
 def judge(cfg: SelfPlayConfig, roles: Roles, policy: Policy, it: int, attempt: int,
           verdicts: list) -> tuple[list, int]:
   """docs/METHOD.md §5's LLM validator: the policy judges each valid program (hint sampling);

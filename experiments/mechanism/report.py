@@ -184,28 +184,27 @@ def row_label(result: dict) -> str:
   return result["arm"] + (f" [{result['tag']}]" if result.get("tag") else "")
 
 
-def row_labels(results: list[dict]) -> list[str]:
-  """The rows of ``results`` (already in `load`'s order), each once."""
-  return list(dict.fromkeys(row_label(r) for r in results))
+def by_row(results: list[dict]) -> dict[str, list[dict]]:
+  """``results`` (in `load`'s order) grouped by their row in the tables (`row_label`)."""
+  rows = collections.defaultdict(list)
+  for r in results:
+    rows[row_label(r)].append(r)
+  return dict(rows)
 
 
 def arm_table(results: list[dict]) -> str:
   """Per arm: each score's last value and its gain over the start (mean ± 95% t)."""
-  by_arm = collections.defaultdict(list)
-  for r in results:
-    by_arm[row_label(r)].append(end_and_gain(r))
   head = "| arm | runs | " + " | ".join(f"{label}: end (gain)" for _, label in
                                           SCORES.values()) + " | designer valid |"
   lines = [head, "|---" * (len(SCORES) + 3) + "|"]
-  for arm in row_labels(results):
-    runs = by_arm[arm]
+  for arm, arm_results in by_row(results).items():
+    runs = [end_and_gain(r) for r in arm_results]
     cells = []
     for k in SCORES:
       end = mean_ci([r[k][0] for r in runs if k in r])
       gain = mean_ci([r[k][1] for r in runs if k in r])
       cells.append(f"{_fmt(*end[:2])} ({_fmt(*gain[:2], sign='+')})")
-    valid = mean_ci([_series_mean(r, "designer/valid_rate")
-                     for r in results if row_label(r) == arm])
+    valid = mean_ci([_series_mean(r, "designer/valid_rate") for r in arm_results])
     lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) +
                  f" | {_fmt(*valid[:2])} |")
   return "\n".join(lines) + "\n"
@@ -230,10 +229,10 @@ def contrast_table(results: list[dict]) -> str:
   labels = [label for _, label in SCORES.values()] + ["envs in the learning band"]
   lines = ["| contrast | seeds | " + " | ".join(labels) + " |",
            "|---" * (len(keys) + 2) + "|"]
-  arms = [a for a in row_labels(results) if a in gains]
-  for a, b in itertools.combinations(arms, 2):
+  rows = by_row(results)
+  for a, b in itertools.combinations(rows, 2):
     cells = [_fmt(*contrast(gains[a][k], gains[b][k])[:2], sign="+") for k in keys]
-    sa, sb = ({r["seed"] for r in results if row_label(r) == x} for x in (a, b))
+    sa, sb = ({r["seed"] for r in rows[x]} for x in (a, b))
     seeds = f"{len(sa)} paired" if sa == sb else f"{len(sa)} vs {len(sb)}"
     lines.append(f"| {a} - {b} | {seeds} | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
@@ -245,8 +244,8 @@ def designer_table(results: list[dict], top: int = 4) -> str:
   mean over the valid programs' writes."""
   lines = ["| arm | runs | written | valid | families of the valid (share) | "
            "unhinted win | hinted win |", "|---" * 7 + "|"]
-  for arm in row_labels(results):
-    runs = [r for r in results if row_label(r) == arm and r.get("designed")]
+  for arm, arm_results in by_row(results).items():
+    runs = [r for r in arm_results if r.get("designed")]
     if not runs:
       continue
     progs = [p for r in runs for p in r["designed"]]
@@ -259,11 +258,10 @@ def designer_table(results: list[dict], top: int = 4) -> str:
     shares = ", ".join(f"{f} {c / n:.0%}" for f, c in fams.most_common(top)) if n else "-"
     if len(fams) > top:
       shares += f", {len(fams) - top} more"
-    win = lambda k: (sum(p["count"] * p[k] for p in valid if p[k] is not None) /
-                     max(1, sum(p["count"] for p in valid if p[k] is not None)))
-    lines.append(f"| {arm} | {len(runs)} | {written} | {n} | {shares} | "
-                 f"{_fmt(win('nohint') if n else math.nan, math.nan)} | "
-                 f"{_fmt(win('hint') if n else math.nan, math.nan)} |")
+    win = lambda k: _fmt(*mean_ci([p[k] for p in valid for _ in range(p["count"])])[:1],
+                         math.nan)
+    lines.append(f"| {arm} | {len(runs)} | {written} | {n} | {shares} | {win('nohint')} | "
+                 f"{win('hint')} |")
   return "\n".join(lines) + "\n"
 
 
@@ -272,13 +270,12 @@ def plots(results: list[dict], out_dir: str) -> list[str]:
   paths = []
   for k, (_, label) in SCORES.items():
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    for arm in row_labels(results):
+    for arm, arm_results in by_row(results).items():
       by_step = collections.defaultdict(list)
-      for r in results:
-        if row_label(r) == arm:
-          for point in r["curve"]:
-            if k in point:
-              by_step[point["step"]].append(point[k])
+      for r in arm_results:
+        for point in r["curve"]:
+          if k in point:
+            by_step[point["step"]].append(point[k])
       if by_step:
         steps = sorted(by_step)
         ax.plot(steps, [sum(by_step[s]) / len(by_step[s]) for s in steps], marker="o",

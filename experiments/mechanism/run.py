@@ -73,7 +73,9 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
   else:
     _write(marker, {"sha256": digest, "hf": hf})
   path = os.path.join(results or (workdir if smoke else common.RESULTS), f"{name}.json")
-  done = Checkpointer(workdir).latest_step() or 0
+  ckpt = Checkpointer(workdir)
+  done = ckpt.latest_step() or 0
+  ckpt.close()
   if done >= config.iterations and os.path.isfile(path):
     # Read back, not rerun: a finished run keeps the config it ran with (e.g. static-0's
     # [8, 2,304] batches), which a changed layout in today's config would refuse.

@@ -31,7 +31,8 @@ class SelfPlayConfig:
     designer_prompt_tokens: token budget of the designer prompt (chat markup included);
       the document is cut to fit, never the rest. 0: no budget.
     skills_per_regen: skills designed for at one regeneration, rotating round-robin
-      (reference 3 of 6); 0: every skill each time.
+      (reference 3 of 6 for 24 envs; default 2, so the default 4 envs give each skill the
+      two slots its centred designer reward needs); 0: every skill each time.
     designer_resamples: times a slot's designer sample is redrawn after failing
       validation (reference 5).
     regen_every: iterations between designer regenerations of all slots.
@@ -88,7 +89,7 @@ class SelfPlayConfig:
   agent_turn_tokens: int = 48
   designer_new_tokens: int = 256
   designer_prompt_tokens: int = 0
-  skills_per_regen: int = 3
+  skills_per_regen: int = 2
   designer_resamples: int = 5
   regen_every: int = 1
   hint_source: str = "policy"

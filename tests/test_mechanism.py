@@ -256,7 +256,8 @@ def _result(arm, seed, start, end, band):
               {"iteration": 2, "family": "grid_path", "level": 1.0, "verdict": "valid",
                "nohint": 0.0, "hint": 0.0, "count": 1},
               {"iteration": 2, "family": None, "level": None, "verdict": "crash",
-               "nohint": 0.0, "hint": 0.0, "count": 1}]}
+               "nohint": 0.0, "hint": 0.0, "count": 1}],
+          **({} if arm == "static" else {"design_signal": {"samples": 5, "with_gradient": 2}})}
 
 
 def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
@@ -273,8 +274,9 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
                     "<!-- report:designers -->\n<!-- /report:designers -->\nend\n")
   out = report.report(str(tmp_path), str(readme))
   # Pooled over 3 runs: 15 written, 12 valid (9 ordering at 0.5 unhinted, 3 grid_path at 0).
-  assert "| spade | 3 | 15 | 12 | ordering 75%, grid_path 25% | 0.375 | 0.750 |" in \
-      out["designers"]
+  # 2 of each run's 5 scored designer samples had a nonzero centred reward.
+  assert "| spade | 3 | 15 | 12 | ordering 75%, grid_path 25% | 0.375 | 0.750 | 6 of 15 |" \
+      in out["designers"]
   assert "| static |" not in out["designers"] and out["designers"] in readme.read_text()
   assert "| spade | 3 |" in out["table"] and "| static | 3 |" in out["table"]
   assert out["table"].index("| static | 3 |") < out["table"].index("| static [easy] | 1 |")
@@ -300,6 +302,14 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
   assert (m, n) == (2.0, 3) and ci == pytest.approx(4.303 / 3 ** 0.5)
   with pytest.raises(FileNotFoundError, match="experiments.mechanism.run"):
     report.report(str(tmp_path / "empty"))
+
+
+def test_design_signal_counts_samples_with_a_nonzero_centred_reward(tmp_path):
+  rows = [{"step": 1, "reward": 0.8}, {"step": 1, "reward": -0.8}, {"step": 2, "reward": 0.0},
+          {"step": 2, "reward": 1e-9}, {"step": 2, "skill": "no reward: not scored"}]
+  (tmp_path / "designer_samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+  assert report.design_signal(str(tmp_path)) == {"samples": 4, "with_gradient": 2}
+  assert report.design_signal(str(tmp_path / "none")) == {"samples": 0, "with_gradient": 0}
 
 
 def test_curve_scores_read_the_families_suite():

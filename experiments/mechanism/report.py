@@ -9,7 +9,9 @@ and recomputes:
   the last evaluation and of its gain over the first (the warm start, iteration 0);
 * every pairwise contrast of arms on the gains: difference of means with a 95% t interval,
   paired by seed where both arms ran the same seeds (pooled variance otherwise);
-* what each arm's designer wrote: programs, valid ones, their families and win rates;
+* what each arm's designer wrote: programs, valid ones, their families and win rates, and
+  how many of its samples had a gradient (a nonzero centred reward: a flat cohort, where
+  every design of a skill scored alike, trains nothing);
 * learning curves (`results/curve_<score>.png`): each arm's mean over seeds at every
   evaluation.
 
@@ -94,6 +96,15 @@ def designed(workdir: str) -> list[dict]:
   return out
 
 
+def design_signal(workdir: str) -> dict[str, int]:
+  """How many designer samples the run scored (``designer_samples.jsonl``) and how many of
+  them had a nonzero reward after centring, i.e. a gradient (a frozen designer's too, which
+  it does not train on)."""
+  rows = [r for r in read_metrics(workdir, "designer_samples") if "reward" in r]
+  return {"samples": len(rows),
+          "with_gradient": sum(abs(float(r["reward"])) > 1e-6 for r in rows)}
+
+
 def designed_levels(programs: list[dict]) -> list[list[float]]:
   """[[iteration, mean level]] of the family-style programs among ``programs``."""
   by_it = collections.defaultdict(list)
@@ -113,7 +124,8 @@ def collect(workdir: str, *, arm: str, seed: int, tag: str = "") -> dict:
           "curve": [{"step": int(r["step"]), **scores(r)} for r in evals],
           "series": {k: [[int(r["step"]), float(r[k])] for r in rows if k in r]
                      for k in SERIES},
-          "designed": programs, "designed_levels": designed_levels(programs)}
+          "designed": programs, "designed_levels": designed_levels(programs),
+          "design_signal": design_signal(workdir)}
 
 
 def mean_ci(xs) -> tuple[float, float, int]:
@@ -241,9 +253,10 @@ def contrast_table(results: list[dict]) -> str:
 def designer_table(results: list[dict], top: int = 4) -> str:
   """Per arm with a designer: what it wrote, pooled over its runs. Programs are counted
   as written (a program written twice counts twice); the win rates are the memory's, the
-  mean over the valid programs' writes."""
+  mean over the valid programs' writes; "with a gradient" is the share of the designer's
+  scored samples whose centred reward was nonzero (`design_signal`)."""
   lines = ["| arm | runs | written | valid | families of the valid (share) | "
-           "unhinted win | hinted win |", "|---" * 7 + "|"]
+           "unhinted win | hinted win | samples with a gradient |", "|---" * 8 + "|"]
   for arm, arm_results in by_row(results).items():
     runs = [r for r in arm_results if r.get("designed")]
     if not runs:
@@ -260,8 +273,11 @@ def designer_table(results: list[dict], top: int = 4) -> str:
       shares += f", {len(fams) - top} more"
     win = lambda k: _fmt(*mean_ci([p[k] for p in valid for _ in range(p["count"])])[:1],
                          math.nan)
+    signal = [r["design_signal"] for r in runs if r.get("design_signal", {}).get("samples")]
+    scored = sum(s["samples"] for s in signal)
+    grad = (f"{sum(s['with_gradient'] for s in signal)} of {scored}" if scored else "-")
     lines.append(f"| {arm} | {len(runs)} | {written} | {n} | {shares} | {win('nohint')} | "
-                 f"{win('hint')} |")
+                 f"{win('hint')} | {grad} |")
   return "\n".join(lines) + "\n"
 
 

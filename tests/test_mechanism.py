@@ -46,6 +46,11 @@ def test_arm_configs_differ_only_where_the_arm_says():
       for lv in (common.DESIGNER_LEVEL, common.HARDER_LEVEL)}
   assert common.DESIGNER_LEVEL < common.HARDER_LEVEL
   assert configs.get_config("arm=static,iterations=7,eval_every=2").iterations == 7
+  assert c.loss.aggregation == "token_mean"
+  assert configs.get_config("arm=static,aggregation=seq_mean_token_mean").loss.aggregation \
+      == "seq_mean_token_mean"
+  with pytest.raises(ValueError, match="Unknown aggregation 'seq'"):
+    configs.get_config("arm=static,aggregation=seq")
   with pytest.raises(ValueError, match="arm"):
     configs.get_config("arm=nope")
   with pytest.raises(ValueError, match="Unknown config argument"):

@@ -24,6 +24,10 @@ Arguments (`get_config("arm=spade,seed=0[,iterations=..,eval_every=..,smoke]")`)
   pool_max_level: the `static` arm's pool holds the seen families at levels 0 to this
     (default all five; `pool_max_level=1` is the pool the agent can win, with `run.py
     --tag` so it runs beside the arm's own runs).
+  aggregation: the arms' `loss.aggregation` (default "token_mean", the library's; a
+    losing play runs to its turn cap and holds more agent tokens than a winning one, so a
+    token mean pushes the sampled tokens down on net; "seq_mean_token_mean" weighs every
+    play alike).
   programs: what the designer writes: `library` (default; a short program that imports a
     seen family from the sandbox module `families` and sets its knobs,
     `spade_jax.envs.families.library`) or `full` (the whole family program, up to 1,448
@@ -43,6 +47,7 @@ from experiments.configs import common
 from experiments.mechanism import common as mech
 from experiments.mechanism import data
 from spade_jax.envs.families import FAMILIES, NUM_LEVELS, library
+from spade_jax.rl.loss import AGGREGATIONS
 
 # The evaluation's size is its cost: a play took ~5.7 s here beside the SFT (140 plays of the
 # warm start's items in 793 s), so 25 items x 4 seeds x (4 sampled + 1 greedy) would be
@@ -50,7 +55,8 @@ from spade_jax.envs.families import FAMILIES, NUM_LEVELS, library
 ARGS = dict(arm="spade", seed=0, iterations=20, eval_every=10, envs=4, plays=4, hinted=2,
             lr=1e-5, eval_seeds=2, eval_samples=2, warm_start="", programs="library",
             steps=32, designer_rows=160, agent_rows=480, sft_lr=1e-4, train_slips=False,
-            shared_start=True, pool_max_level=NUM_LEVELS - 1, smoke=False)
+            shared_start=True, pool_max_level=NUM_LEVELS - 1, aggregation="token_mean",
+            smoke=False)
 ROLES = ("warm_start",) + mech.ARMS
 
 
@@ -89,6 +95,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   a = common.parse_arg(arg, **ARGS)
   common.choose("arm", a.arm, {r: 0 for r in ROLES})
   common.choose("programs", a.programs, {p: 0 for p in data.PROGRAMS})
+  common.choose("aggregation", a.aggregation, {n: 0 for n in AGGREGATIONS})
   full = a.programs == "full"
   if a.arm == "warm_start":
     start = common.tiny_hf_checkpoint() if a.smoke else mech.BASE
@@ -113,7 +120,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.train = dict(batch_size=1, seq_len=3584 if full else 2304, num_microbatches=1,
                  width_bucket=256, logprob_chunk=256, old_logps="recompute",
                  objective="grpo", share_prefix=16)
-  c.loss = dict(common.LOSS, kl_coef=0.0)
+  c.loss = dict(common.LOSS, kl_coef=0.0, aggregation=a.aggregation)
   c.optimizer = dict(common.OPTIMIZER, learning_rate=a.lr)
   c.sampling = dict(common.SAMPLING)
   c.designer_sampling = dict(common.SAMPLING)

@@ -253,7 +253,10 @@ def _result(arm, seed, start, end, band):
            {"step": 10, **{k: end for k in report.SCORES}}]
   return {"arm": arm, "seed": seed, "iterations": 10, "curve": curve,
           "series": {"designer/valid_rate": [[1, 0.9]],
-                     "rewards/win_rate_band_frac": [[1, band], [2, band]]},
+                     "rewards/win_rate_band_frac": [[1, band], [2, band]],
+                     # Step 2 trained no row: its zero loss is not an update's push.
+                     "train/loss": [[1, 0.1], [2, 0.0], [3, -0.3]],
+                     "batch/loss_tokens": [[1, 300], [2, 0], [3, 200]]},
           "warm_start": {"sha256": "a" * 64},
           "designed": [] if arm == "static" else [
               {"iteration": 1, "family": "ordering", "level": 0.0, "verdict": "valid",
@@ -276,13 +279,17 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
   readme = tmp_path / "README.md"
   readme.write_text("top\n<!-- report:table -->\nold\n<!-- /report:table -->\nmiddle\n"
                     "<!-- report:contrasts -->\n<!-- /report:contrasts -->\n"
-                    "<!-- report:designers -->\n<!-- /report:designers -->\nend\n")
+                    "<!-- report:designers -->\n<!-- /report:designers -->\n"
+                    "<!-- report:learner -->\n<!-- /report:learner -->\nend\n")
   out = report.report(str(tmp_path), str(readme))
   # Pooled over 3 runs: 15 written, 12 valid (9 ordering at 0.5 unhinted, 3 grid_path at 0).
   # 2 of each run's 5 scored designer samples had a nonzero centred reward.
   assert "| spade | 3 | 15 | 12 | ordering 75%, grid_path 25% | 0.375 | 0.750 | 6 of 15 |" \
       in out["designers"]
   assert "| static |" not in out["designers"] and out["designers"] in readme.read_text()
+  # Two updates with rows a run, one pushing down (loss > 0): mean loss (0.1 - 0.3) / 2.
+  assert "| spade | 3 | 6 | 3 of 6 | -0.100 ± 0.000 | 500 |" in out["learner"]
+  assert out["learner"] in readme.read_text()
   assert "| spade | 3 |" in out["table"] and "| static | 3 |" in out["table"]
   assert out["table"].index("| static | 3 |") < out["table"].index("| static [easy] | 1 |")
   assert "| static - static [easy] |" in out["contrasts"]

@@ -12,11 +12,15 @@ and recomputes:
 * what each arm's designer wrote: programs, valid ones, their families and win rates, and
   how many of its samples had a gradient (a nonzero centred reward: a flat cohort, where
   every design of a skill scored alike, trains nothing);
+* what the learner did: updates with trained rows, and the net push of each (one update a
+  rollout, so the PPO ratio and the TIS weight are 1 and the loss is minus the mean
+  advantage over what the aggregation averages: with `token_mean`, positive where the
+  negative-advantage plays held more trained tokens);
 * learning curves (`results/curve_<score>.png`): each arm's mean over seeds at every
   evaluation.
 
 The README's text between `<!-- report:NAME -->` and `<!-- /report:NAME -->` is replaced
-by the tables (NAME: `table`, `contrasts`, `designers`).
+by the tables (NAME: `table`, `contrasts`, `designers`, `learner`).
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from spade_jax.metrics import read_metrics  # pylint: disable=wrong-import-posit
 
 # Per-iteration series kept from the metrics (the designers' side of the question).
 SERIES = ("designer/valid_rate", "rewards/win_rate_band_frac", "rewards/win_rate_mean",
-          "rewards/regret_mean", "agent/reward_nohint", "agent/reward_hint")
+          "rewards/regret_mean", "agent/reward_nohint", "agent/reward_hint", "train/loss",
+          "batch/loss_tokens")
 # The scores of the table: name -> (what it averages, the label).
 SCORES = {
     "seen_medium": ("success", "seen, designers' level"),
@@ -281,6 +286,30 @@ def designer_table(results: list[dict], top: int = 4) -> str:
   return "\n".join(lines) + "\n"
 
 
+def learner_table(results: list[dict]) -> str:
+  """Per row: the updates that trained rows, the share of them whose loss was positive
+  (the sampled tokens pushed down on net), the mean loss (95% t over runs) and the tokens
+  trained in all (mean over runs). Runs whose results lack the loss series are left out."""
+  lines = ["| arm | runs | updates with rows | pushed down on net | mean loss | "
+           "trained tokens a run |", "|---" * 6 + "|"]
+  for arm, arm_results in by_row(results).items():
+    runs = [r for r in arm_results if r["series"].get("train/loss")]
+    if not runs:
+      continue
+    used, down, means, tokens = 0, 0, [], []
+    for r in runs:
+      n = dict((int(s), v) for s, v in r["series"].get("batch/loss_tokens", []))
+      loss = [v for s, v in r["series"]["train/loss"] if n.get(int(s), 1) > 0]
+      used += len(loss)
+      down += sum(v > 1e-6 for v in loss)
+      means.append(sum(loss) / len(loss) if loss else 0.0)
+      tokens.append(sum(n.values()))
+    m, ci, _ = mean_ci(means)
+    lines.append(f"| {arm} | {len(runs)} | {used} | {down} of {used} | "
+                 f"{_fmt(m, ci, sign='+')} | {sum(tokens) / len(tokens):,.0f} |")
+  return "\n".join(lines) + "\n"
+
+
 def plots(results: list[dict], out_dir: str) -> list[str]:
   """One PNG per score: each arm's mean over seeds at each evaluation step."""
   paths = []
@@ -327,9 +356,10 @@ def report(results_dir: str, readme: str = "") -> dict:
     raise FileNotFoundError(f"No <arm>-<seed>.json results in {results_dir}; run "
                             "`python -m experiments.mechanism.run` first.")
   out = {"table": arm_table(results), "contrasts": contrast_table(results),
-         "designers": designer_table(results), "plots": plots(results, results_dir)}
+         "designers": designer_table(results), "learner": learner_table(results),
+         "plots": plots(results, results_dir)}
   if readme:
-    for name in ("table", "contrasts", "designers"):
+    for name in ("table", "contrasts", "designers", "learner"):
       fill(readme, name, out[name])
   return out
 
@@ -341,6 +371,7 @@ def main(argv):
   print(out["table"])
   print(out["contrasts"])
   print(out["designers"])
+  print(out["learner"])
   print("plots:", *out["plots"])
 
 

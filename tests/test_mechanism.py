@@ -49,6 +49,8 @@ def test_arm_configs_differ_only_where_the_arm_says():
   assert c.loss.aggregation == "token_mean"
   assert configs.get_config("arm=static,aggregation=seq_mean_token_mean").loss.aggregation \
       == "seq_mean_token_mean"
+  assert not c.selfplay.shuffle_agent_advantages
+  assert configs.get_config("arm=static,shuffle=True").selfplay.shuffle_agent_advantages
   with pytest.raises(ValueError, match="Unknown aggregation 'seq'"):
     configs.get_config("arm=static,aggregation=seq")
   with pytest.raises(ValueError, match="arm"):

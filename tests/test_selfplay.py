@@ -5,8 +5,10 @@ import dataclasses
 import json
 import os
 import sys
+import types
 
 import jax
+import numpy as np
 import pytest
 
 from spade_jax import designer as dz
@@ -466,3 +468,23 @@ def test_design_ahead_decodes_designs_on_the_agent_engine(tmp_path, pool, monkey
   drawn = [p.policy_version for p in sp.pending if p.iteration == 1] + [
       r["policy_version"] for r in sp.sample_records if r["iteration_written"] == 1]
   assert drawn.count(0) == m1["designer/ahead_used"]
+
+
+def test_shuffled_agent_advantages_are_the_same_values_on_other_rows():
+  from spade_jax.selfplay.stages import credit  # pylint: disable=g-import-not-at-top
+  ep = lambda n, failed=False: types.SimpleNamespace(  # noqa: E731
+      tokens=[n] * 3, loss_mask=[True] * 3, logps=[0.0] * 3, failed=failed)
+  nohint = {(e, j): ep(10 * e + j) for e in range(3) for j in range(4)}
+  nohint[0, 1] = ep(1, failed=True)  # a failed play is never a row
+  adv = np.arange(12, dtype=np.float32).reshape(3, 4) - 5.0
+  plain = credit.agent_rows(nohint, adv, {2}, 0.6)  # slot 2: a uniform group
+  assert [(r.tokens[0], r.advantage) for r in plain] == [
+      (0, -5.0), (2, -3.0), (3, -2.0), (10, -1.0), (11, 0.0), (12, 1.0), (13, 2.0)]
+  runs = [credit.agent_rows(nohint, adv, {2}, 0.6, shuffle=(0, it)) for it in (0, 0, 1)]
+  for rows in runs:  # the same episodes and the same multiset of advantages
+    assert [r.tokens for r in rows] == [r.tokens for r in plain]
+    assert sorted(r.advantage for r in rows) == sorted(r.advantage for r in plain)
+    assert all(r.role == "agent" and r.temperature == 0.6 for r in rows)
+  assert [r.advantage for r in runs[0]] == [r.advantage for r in runs[1]]  # seeded
+  assert [r.advantage for r in runs[0]] != [r.advantage for r in plain]
+  assert [r.advantage for r in runs[0]] != [r.advantage for r in runs[2]]  # per iteration

@@ -28,6 +28,9 @@ Arguments (`get_config("arm=spade,seed=0[,iterations=..,eval_every=..,smoke]")`)
     losing play runs to its turn cap and holds more agent tokens than a winning one, so a
     token mean pushes the sampled tokens down on net; "seq_mean_token_mean" weighs every
     play alike).
+  shuffle: a control for the learner (`selfplay.shuffle_agent_advantages`): the agent's
+    advantages permuted among its rows each iteration, so an update keeps its size and
+    values but loses its signal.
   programs: what the designer writes: `library` (default; a short program that imports a
     seen family from the sandbox module `families` and sets its knobs,
     `spade_jax.envs.families.library`) or `full` (the whole family program, up to 1,448
@@ -56,7 +59,7 @@ ARGS = dict(arm="spade", seed=0, iterations=20, eval_every=10, envs=4, plays=4, 
             lr=1e-5, eval_seeds=2, eval_samples=2, warm_start="", programs="library",
             steps=32, designer_rows=160, agent_rows=480, sft_lr=1e-4, train_slips=False,
             shared_start=True, pool_max_level=NUM_LEVELS - 1, aggregation="token_mean",
-            smoke=False)
+            shuffle=False, smoke=False)
 ROLES = ("warm_start",) + mech.ARMS
 
 
@@ -135,7 +138,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       # by skill, and a skill's only slot would be centred on itself (advantage 0).
       designer_prompt_tokens=mech.DESIGNER_PROMPT_TOKENS, skills_per_regen=max(1, a.envs // 2),
       designer_resamples=1, regen_every=1, hint_source="program", fill_from_pool=True,
-      designer_thinking=False, agent_thinking=False)
+      designer_thinking=False, agent_thinking=False, shuffle_agent_advantages=a.shuffle)
   c.rewards = dict(variant="blend", credit_window=1, invalid_penalty=-1.0)
   c.corpus = dict(source="embedded", max_words=400)
   c.memory = dict(capacity=200, num_exemplars=1, negatives=False)

@@ -50,6 +50,11 @@ class SelfPlayConfig:
     dynamic_sampling: leave out of the gradient the agent groups (an env slot's unhinted
       plays) whose terminal outcomes are all equal (DAPO; counted in
       `agent/uniform_groups_dropped`); they still count in win rates and regret.
+    shuffle_agent_advantages: a control, not the method: each iteration the agent rows'
+      advantages are permuted among them (seeded by the run seed and the iteration), so an
+      update has the same size and the same values but no relation to the plays; compared
+      with a run without it, it tells what the learner's signal does from what updates of
+      that size do. The designer's rewards are untouched.
     llm_validator: the policy judges each program that passed validation and rejects
       those it answers `\\boxed{no}` for (reason "judge"; docs/METHOD.md §5, tool use).
     judge_tokens: new tokens of a judgement.
@@ -100,6 +105,7 @@ class SelfPlayConfig:
   train_designer: bool = True
   no_corpus: bool = False
   dynamic_sampling: bool = False
+  shuffle_agent_advantages: bool = False
   llm_validator: bool = False
   judge_tokens: int = 256
   designer_thinking: bool = True

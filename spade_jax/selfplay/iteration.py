@@ -123,7 +123,8 @@ class SelfPlay:
       self.design, self.draw = None, Draw(cfg, env_source, pool)
     self.play = Play(cfg, self.roles, pool=pool, design=self.design, auditor=self.auditor,
                      env_source=env_source)
-    self.credit = Credit(cfg, reward_cfg, self.sampling, self.pool_programs, self.auditor)
+    self.credit = Credit(cfg, reward_cfg, self.sampling, self.pool_programs, self.auditor,
+                         seed)
 
   # -- the host state's parts, read-only ----------------------------------------
   @property

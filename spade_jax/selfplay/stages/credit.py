@@ -54,12 +54,32 @@ def uniform_groups(nohint: dict[tuple[int, int], Any]) -> set[int]:
   return {e for e, r in rewards.items() if len(r) == 1}
 
 
+def agent_rows(nohint: dict[tuple[int, int], Any], adv: np.ndarray, uniform: set[int],
+               temperature: float, *, shuffle: tuple[int, int] | None = None) -> list[Row]:
+  """The agent's rows: each (slot, play)'s unhinted episode that did not fail, has tokens
+  and is not in a uniform group, with its advantage ``adv[slot, play]``.
+
+  ``shuffle=(seed, iteration)`` is the control `SelfPlayConfig.shuffle_agent_advantages`:
+  the same advantages, permuted among the rows by ``numpy.random.default_rng([seed,
+  iteration])``.
+  """
+  kept = [(ep, float(adv[e, j])) for (e, j), ep in sorted(nohint.items())
+          if not ep.failed and ep.tokens and e not in uniform]
+  values = [a for _, a in kept]
+  if shuffle is not None:
+    values = [values[i] for i in np.random.default_rng(list(shuffle)).permutation(len(kept))]
+  return [Row(ep.tokens, ep.loss_mask, ep.logps, a, "agent", temperature)
+          for (ep, _), a in zip(kept, values)]
+
+
 class Credit:
   """The credit stage (see the module docstring)."""
 
   def __init__(self, cfg: SelfPlayConfig, reward_cfg: rw.RewardConfig,
-               sampling: RoleSampling, pool_programs: list[str], auditor: Auditor):
+               sampling: RoleSampling, pool_programs: list[str], auditor: Auditor,
+               seed: int = 0):
     self.cfg, self.reward_cfg, self.sampling = cfg, reward_cfg, sampling
+    self.seed = seed
     self.pool_programs = pool_programs
     self.auditor = auditor
 
@@ -90,10 +110,8 @@ class Credit:
     adv = np.asarray(out.agent_advantages)
     uniform = uniform_groups(nohint) if self.cfg.dynamic_sampling else set()
     metrics["agent/uniform_groups_dropped"] = len(uniform)
-    for (e, j), ep in sorted(nohint.items()):
-      if not ep.failed and ep.tokens and e not in uniform:
-        rows.append(Row(ep.tokens, ep.loss_mask, ep.logps, float(adv[e, j]), "agent",
-                        self.sampling.agent.logprob_temperature))
+    rows += agent_rows(nohint, adv, uniform, self.sampling.agent.logprob_temperature,
+                       shuffle=(self.seed, it) if self.cfg.shuffle_agent_advantages else None)
     return host, Credited(rows, records), metrics
 
   def _failed_designer_slots(self, host: HostState, buffer: RegretBuffer,

@@ -24,10 +24,9 @@ Arguments (`get_config("arm=spade,seed=0[,iterations=..,eval_every=..,smoke]")`)
   pool_max_level: the `static` arm's pool holds the seen families at levels 0 to this
     (default all five; `pool_max_level=1` is the pool the agent can win, with `run.py
     --tag` so it runs beside the arm's own runs).
-  aggregation: the arms' `loss.aggregation` (default "token_mean", the library's; a
-    losing play runs to its turn cap and holds more agent tokens than a winning one, so a
-    token mean pushes the sampled tokens down on net; "seq_mean_token_mean" weighs every
-    play alike).
+  aggregation: the arms' `loss.aggregation` (default "token_mean", the library's; losing
+    plays tend to hold more agent tokens than winning ones, so a token mean pushes the
+    sampled tokens down on net; "seq_mean_token_mean" weighs every play alike).
   shuffle: a control for the learner (`selfplay.shuffle_agent_advantages`): the agent's
     advantages permuted among its rows each iteration, so an update keeps its size and
     values but loses its signal.

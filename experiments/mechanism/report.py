@@ -258,8 +258,8 @@ def contrast_table(results: list[dict]) -> str:
 def designer_table(results: list[dict], top: int = 4) -> str:
   """Per arm with a designer: what it wrote, pooled over its runs. Programs are counted
   as written (a program written twice counts twice); the win rates are the memory's, the
-  mean over the valid programs' writes; "with a gradient" is the share of the designer's
-  scored samples whose centred reward was nonzero (`design_signal`)."""
+  mean over the valid programs' writes; "samples with a gradient" counts the designer's
+  scored samples whose centred reward was nonzero, of all it scored (`design_signal`)."""
   lines = ["| arm | runs | written | valid | families of the valid (share) | "
            "unhinted win | hinted win | samples with a gradient |", "|---" * 8 + "|"]
   for arm, arm_results in by_row(results).items():
@@ -280,7 +280,7 @@ def designer_table(results: list[dict], top: int = 4) -> str:
                          math.nan)
     signal = [r["design_signal"] for r in runs if r.get("design_signal", {}).get("samples")]
     scored = sum(s["samples"] for s in signal)
-    grad = (f"{sum(s['with_gradient'] for s in signal)} of {scored}" if scored else "-")
+    grad = f"{sum(s['with_gradient'] for s in signal)} of {scored}" if scored else "-"
     lines.append(f"| {arm} | {len(runs)} | {written} | {n} | {shares} | {win('nohint')} | "
                  f"{win('hint')} | {grad} |")
   return "\n".join(lines) + "\n"
@@ -298,7 +298,7 @@ def learner_table(results: list[dict]) -> str:
       continue
     used, down, means, tokens = 0, 0, [], []
     for r in runs:
-      n = dict((int(s), v) for s, v in r["series"].get("batch/loss_tokens", []))
+      n = {int(s): v for s, v in r["series"].get("batch/loss_tokens", [])}
       loss = [v for s, v in r["series"]["train/loss"] if n.get(int(s), 1) > 0]
       used += len(loss)
       down += sum(v > 1e-6 for v in loss)

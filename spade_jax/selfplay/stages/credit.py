@@ -77,7 +77,7 @@ class Credit:
 
   def __init__(self, cfg: SelfPlayConfig, reward_cfg: rw.RewardConfig,
                sampling: RoleSampling, pool_programs: list[str], auditor: Auditor,
-               seed: int = 0):
+               seed: int):
     self.cfg, self.reward_cfg, self.sampling = cfg, reward_cfg, sampling
     self.seed = seed
     self.pool_programs = pool_programs

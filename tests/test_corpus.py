@@ -3,6 +3,7 @@
 import json
 import os
 import socket
+import tempfile
 
 import pytest
 
@@ -38,6 +39,16 @@ def test_embedded_default_builds_offline_under_workdir(workdir):
   assert len(set(ids)) == len(ids)
   prefixes = {i.split("/")[0] for i in ids}
   assert {"pydoc_topics", "stdlib", "license"} <= prefixes
+
+
+def test_building_leaves_no_folder_in_the_temp_dir(tmp_path, monkeypatch):
+  scratch = tmp_path / "tmp"
+  scratch.mkdir()
+  (scratch / "tmpkeptfds").mkdir()  # another process's, there before: left alone
+  monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+  Corpus(CorpusConfig(), workdir=str(tmp_path / "run"), seed=0)
+  assert os.path.isdir(tmp_path / "run" / "tfds" / "spade_stdlib_docs")
+  assert os.listdir(scratch) == ["tmpkeptfds"]
 
 
 def test_same_seed_same_sequence_and_seeds_differ(workdir):

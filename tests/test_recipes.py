@@ -267,14 +267,16 @@ def test_tpu_launcher_dry_run_prints_the_gcloud_commands():
   assert bad.returncode != 0 and "gs://" in bad.stderr
 
 
-def test_notebook_runs_top_to_bottom():
+def test_notebook_runs_top_to_bottom(tmp_path):
   nbformat = pytest.importorskip("nbformat")
   nbclient = pytest.importorskip("nbclient")
   path = os.path.join(REPO, "experiments", "notebooks", "spade_tiny.ipynb")
   nb = nbformat.read(path, as_version=4)
   client = nbclient.NotebookClient(nb, timeout=900, kernel_name="python3",
                                    resources={"metadata": {"path": os.path.dirname(path)}})
-  client.execute()
+  # The notebook's run directory (`tempfile.mkdtemp`) goes under the test's folder.
+  client.execute(env={**os.environ, "TMPDIR": str(tmp_path)})
+  assert [p for p in tmp_path.iterdir() if p.name.startswith("spade_tiny_")]
   outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
   assert not [o for o in outputs if o.output_type == "error"]
   assert sum(1 for o in outputs if "image/png" in o.get("data", {})) == 7

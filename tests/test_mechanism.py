@@ -278,6 +278,8 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
   # A tagged variant of an arm is a row of its own, after the arm's.
   (tmp_path / "static-0-easy.json").write_text(json.dumps(
       {**_result("static", 0, 0.2, 0.6, 0.4), "tag": "easy"}))
+  (tmp_path / "static-0-easy_lr_shuffled.json").write_text(json.dumps(
+      {**_result("static", 0, 0.2, 0.1, 0.4), "tag": "easy_lr_shuffled"}))
   readme = tmp_path / "README.md"
   readme.write_text("top\n<!-- report:table -->\nold\n<!-- /report:table -->\nmiddle\n"
                     "<!-- report:contrasts -->\n<!-- /report:contrasts -->\n"
@@ -294,7 +296,16 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
   assert out["learner"] in readme.read_text()
   assert "| spade | 3 |" in out["table"] and "| static | 3 |" in out["table"]
   assert out["table"].index("| static | 3 |") < out["table"].index("| static [easy] | 1 |")
+  # A variant is compared with its parent only: the arm, or the variant it extends.
   assert "| static - static [easy] |" in out["contrasts"]
+  assert "| static [easy] - static [easy_lr_shuffled] |" in out["contrasts"]
+  assert "| static - static [easy_lr_shuffled] |" not in out["contrasts"]
+  assert "| spade - static [easy" not in out["contrasts"]
+  assert len(out["contrasts"].splitlines()) == 2 + 3
+  labels = ["spade", "static", "static [a]", "static [a_b]", "static [a_b_c]", "spade [x_y]"]
+  assert [report.parent(x, labels) for x in labels] == \
+      [None, None, "static", "static [a]", "static [a_b]", "spade"]
+  assert report.parent("solve_rate [x]", labels) is None
   assert "0.500 ± 0.050 (+0.300 ± 0.050)" in out["table"]
   [row] = [r for r in out["contrasts"].splitlines() if r.startswith("| spade - static |")]
   # Paired by seed: every seed's gain differs by exactly 0.2, as does its band share.

@@ -7,8 +7,9 @@ and recomputes:
 
 * the per-arm table: for each score, the mean over seeds (95% t interval) of its value at
   the last evaluation and of its gain over the first (the warm start, iteration 0);
-* every pairwise contrast of arms on the gains: difference of means with a 95% t interval,
-  paired by seed where both arms ran the same seeds (pooled variance otherwise);
+* contrasts on the gains, difference of means with a 95% t interval, paired by seed where
+  both ran the same seeds (pooled variance otherwise): every pair of arms, and each tagged
+  variant against its parent (`parent`: the variant it extends, else its arm);
 * what each arm's designer wrote: programs, valid ones, their families and win rates, and
   how many of its samples had a gradient (a nonzero centred reward: a flat cohort, where
   every design of a skill scored alike, trains nothing);
@@ -232,9 +233,25 @@ def _series_mean(result: dict, key: str) -> float | None:
   return sum(v for _, v in pts) / len(pts) if pts else None
 
 
+def parent(label: str, labels) -> str | None:
+  """The row a tagged variant is compared with: the variant of the same arm whose tag is
+  the longest `_`-bounded prefix of its own (`static [easy_lr3e5]` for
+  `static [easy_lr3e5_shuffled]`), else the arm's own row; None for an arm's row, or where
+  none of those is among ``labels``."""
+  if " [" not in label:
+    return None
+  arm, tag = label[:-1].split(" [")
+  parts = tag.split("_")
+  for n in range(len(parts) - 1, 0, -1):
+    up = f"{arm} [{'_'.join(parts[:n])}]"
+    if up in labels:
+      return up
+  return arm if arm in labels else None
+
+
 def contrast_table(results: list[dict]) -> str:
-  """Every pair of arms: the difference of their mean gains, 95% t interval, paired by
-  seed where both ran the same seeds (`contrast`)."""
+  """Every pair of arms, and each variant with its `parent`: the difference of their mean
+  gains, 95% t interval, paired by seed where both ran the same seeds (`contrast`)."""
   gains = collections.defaultdict(lambda: collections.defaultdict(dict))
   for r in results:
     for k, (_, gain) in end_and_gain(r).items():
@@ -247,7 +264,10 @@ def contrast_table(results: list[dict]) -> str:
   lines = ["| contrast | seeds | " + " | ".join(labels) + " |",
            "|---" * (len(keys) + 2) + "|"]
   rows = by_row(results)
-  for a, b in itertools.combinations(rows, 2):
+  arms = [x for x in rows if parent(x, rows) is None and " [" not in x]
+  pairs = list(itertools.combinations(arms, 2))
+  pairs += [(parent(x, rows), x) for x in rows if parent(x, rows) is not None]
+  for a, b in pairs:
     cells = [_fmt(*contrast(gains[a][k], gains[b][k])[:2], sign="+") for k in keys]
     sa, sb = ({r["seed"] for r in rows[x]} for x in (a, b))
     seeds = f"{len(sa)} paired" if sa == sb else f"{len(sa)} vs {len(sb)}"

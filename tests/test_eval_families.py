@@ -85,7 +85,10 @@ def test_a_wrong_answer_solves_nothing(chat, pool):
                            f"success/{HELD_OUT}/0": 0.0, f"success/{HELD_OUT}/1": 0.0,
                            "success/guess_number/3": 0.0, "failed": 0.0,
                            "held_out/pass@k": 0.0, f"pass@k/{HELD_OUT}/0": 0.0,
-                           f"pass@k/{HELD_OUT}/1": 0.0, "pass@k/guess_number/3": 0.0}
+                           f"pass@k/{HELD_OUT}/1": 0.0, "pass@k/guess_number/3": 0.0,
+                           # Every answer after a play's first repeats it.
+                           "repeats": 1.0, f"repeats/{HELD_OUT}/0": 1.0,
+                           f"repeats/{HELD_OUT}/1": 1.0, "repeats/guess_number/3": 1.0}
   assert len(result.records) == 3 * 2 * 2
   assert [(r["family"], r["level"], r["seed"], r["sample"]) for r in result.records[:5]] == [
       (HELD_OUT, 0, 10_000, 0), (HELD_OUT, 0, 10_000, 1), (HELD_OUT, 0, 10_001, 0),
@@ -114,6 +117,11 @@ def test_a_policy_that_reads_the_transcript_solves_its_families(chat, pool):
   result = _run(chat, pool, _solver,
                 families=f"{HELD_OUT}:4,guess_number:3-4,arithmetic_chain:hard-hardest",
                 seeds=3, max_len=8192)
+  # The held-out plays give "pass" every turn; a binary search never guesses twice.
+  repeats = {k: result.scores.pop(k) for k in list(result.scores) if k.startswith("repeats")}
+  assert repeats[f"repeats/{HELD_OUT}/4"] == 1.0
+  assert repeats["repeats/guess_number/3"] == repeats["repeats/guess_number/4"] == 0.0
+  assert 0.0 < repeats["repeats"] < 1.0
   assert result.scores == {"held_out/success": 0.0, "harder/success": 1.0,
                            f"success/{HELD_OUT}/4": 0.0, "success/guess_number/3": 1.0,
                            "success/guess_number/4": 1.0, "success/arithmetic_chain/3": 1.0,
@@ -122,6 +130,14 @@ def test_a_policy_that_reads_the_transcript_solves_its_families(chat, pool):
   assert len(solved) == 4 * 3
   assert all(r["outcome"] == "solved" and r["reward"] == 1.0 for r in solved)
   assert len({tuple(r["actions"]) for r in solved if r["family"] == "guess_number"}) > 1
+
+
+def test_repeated_answers_count_a_plays_boxed_answers_given_before():
+  assert fam_eval.repeated_answers([]) == (0, 0)
+  assert fam_eval.repeated_answers(["\\boxed{Bo}"]) == (0, 0)
+  # The last box of a turn is its answer; a turn without one is its stripped text.
+  turns = ["\\boxed{Bo}", "so \\boxed{x} no \\boxed{Ada}", " Bo ", "\\boxed{Ada}", "Cy"]
+  assert fam_eval.repeated_answers(turns) == (2, 4)
 
 
 def test_a_transcript_past_max_len_is_not_solved(chat, pool):

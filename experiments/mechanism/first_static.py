@@ -42,7 +42,7 @@ from experiments.configs import mechanism as configs
 from experiments.mechanism import common, report
 from spade_jax import eval as ev, models, sampling
 from spade_jax.envs.families import FAMILIES, NUM_LEVELS
-from spade_jax.sandbox.worker import actions
+from spade_jax.eval.families import repeated_answers
 from spade_jax.selfplay import loop, workdir as runs
 
 # The first experiment's seen families (its held-out one was knights_knaves).
@@ -121,21 +121,14 @@ def levels_score(point: dict) -> float | None:
   return sum(vals) / len(vals)
 
 
-def _answer(action: str) -> str:
-  boxed = actions.last_boxed(action)
-  return (action if boxed is None else boxed).strip()
-
-
 def repeats(records) -> dict[str, float]:
   """Per family (and ``all``): the share of a play's answers after its first that repeat
-  an answer it already gave (a guess the env already turned down, where it gives one)."""
+  an answer it already gave (`eval.families.repeated_answers`)."""
   per: dict[str, list[int]] = {}
   for r in records:
-    answers = [_answer(a) for a in r["actions"]]
-    rep = sum(a in answers[:i] for i, a in enumerate(answers) if i)
     n = per.setdefault(r["family"], [0, 0])
-    n[0] += rep
-    n[1] += max(len(answers) - 1, 0)
+    for i, v in enumerate(repeated_answers(r["actions"])):
+      n[i] += v
   out = {f: rep / max(turns, 1) for f, (rep, turns) in sorted(per.items())}
   total = [sum(v[i] for v in per.values()) for i in (0, 1)]
   out["all"] = total[0] / max(total[1], 1)

@@ -20,7 +20,10 @@ families at levels >= 3, "hard" and "hardest"), ``success/<family>/<level>`` per
 and ``failed`` (plays the sandbox ended: the env's fault, not the policy's). With
 ``samples`` > 1 also ``pass@k/<family>/<level>`` and ``held_out/pass@k`` (a seed counts
 when any of its ``samples`` plays wins); with ``greedy`` also one arg-max play per seed,
-scored as ``greedy/<family>/<level>`` and ``held_out/greedy``. Records: one per play
+scored as ``greedy/<family>/<level>`` and ``held_out/greedy``. ``repeats`` and
+``repeats/<family>/<level>``: of the sampled plays' answers after each play's first, the
+share that repeat an answer the same play gave before (`repeated_answers`; in these
+games an answer the env already turned down). Records: one per play
 (family, level, seed, sample, greedy, outcome, solved, turns, max_turns, reward, tokens,
 actions).
 """
@@ -40,6 +43,7 @@ from spade_jax.envs.families import FAMILIES, HELD_OUT, LEVEL_NAMES, NUM_LEVELS
 from spade_jax.eval.core import SuiteConfig, SuiteResult, mean, register
 from spade_jax.eval.policy import converse, sample_keys
 from spade_jax.sampling import Output, Turn
+from spade_jax.sandbox.worker.actions import last_boxed
 
 SETTING = "games"
 HARD = LEVEL_NAMES.index("hard")  # seen families from this level up count as "harder"
@@ -345,12 +349,35 @@ def run_families(policy, chat, cfg: FamiliesConfig, *, pool=None, progress=None
     _add_rate(scores, "greedy", {(p.family, p.level, p.seed): float(p.solved)
                                  for p in greedy})
   scores["failed"] = mean([float(p.outcome in sandbox.FAILURES) for p in plays + greedy])
+  counts: dict[tuple[str, int], list[int]] = {}
+  for p in plays:
+    n = counts.setdefault((p.family, p.level), [0, 0])
+    for i, v in enumerate(repeated_answers(p.actions)):
+      n[i] += v
+  if counts:
+    scores["repeats"] = (sum(r for r, _ in counts.values()) /
+                         max(sum(a for _, a in counts.values()), 1))
+    for (family, level), (r, a) in counts.items():
+      scores[f"repeats/{family}/{level}"] = r / max(a, 1)
   records = [{"family": p.family, "level": p.level, "seed": p.seed, "sample": p.sample,
               "greedy": g, "outcome": p.outcome, "solved": p.solved, "turns": p.turns,
               "max_turns": p.max_turns,
               "reward": p.reward, "tokens": len(p.tokens), "actions": p.actions}
              for g, ps in ((False, plays), (True, greedy)) for p in ps]
   return SuiteResult(scores, records)
+
+
+def repeated_answers(actions: Sequence[str]) -> tuple[int, int]:
+  """(answers after the first that repeat an earlier answer of the same play, answers
+  after the first). An answer is a turn's last `\\boxed{}` (else its whole text), stripped.
+  """
+  seen, repeated = set(), 0
+  for action in actions:
+    boxed = last_boxed(action)
+    answer = (action if boxed is None else boxed).strip()
+    repeated += answer in seen
+    seen.add(answer)
+  return repeated, max(len(actions) - 1, 0)
 
 
 def _pass_at_k(plays: Sequence[Play]) -> dict[tuple[str, int, int], float]:

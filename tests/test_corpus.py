@@ -49,6 +49,10 @@ def test_building_leaves_no_folder_in_the_temp_dir(tmp_path, monkeypatch):
   Corpus(CorpusConfig(), workdir=str(tmp_path / "run"), seed=0)
   assert os.path.isdir(tmp_path / "run" / "tfds" / "spade_stdlib_docs")
   assert os.listdir(scratch) == ["tmpkeptfds"]
+  from spade_jax.designer import stdlib_docs  # pylint: disable=g-import-not-at-top
+  Corpus(CorpusConfig(source="tfds", name=f"spade_stdlib_docs/{stdlib_docs.config_name()}",
+                      data_dir=str(tmp_path / "run" / "tfds"), id_key="id"), seed=0)
+  assert os.listdir(scratch) == ["tmpkeptfds"]
 
 
 def test_same_seed_same_sequence_and_seeds_differ(workdir):

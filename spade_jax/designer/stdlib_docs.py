@@ -17,16 +17,15 @@ of ``spade_jax.designer`` imports it lazily.
 from __future__ import annotations
 
 import ast
-import contextlib
-import glob
 import os
 import sys
 import sysconfig
-import tempfile
 from collections.abc import Iterator
 
 from etils import epath
 import tensorflow_datasets as tfds
+
+from spade_jax.designer.corpus import tfds_tempdirs_removed
 
 # Stdlib folders that hold tests, demos, GUI code or vendored tools rather than prose.
 _SKIP_DIRS = frozenset({
@@ -158,28 +157,9 @@ def build(data_dir: str) -> SpadeStdlibDocs:
   Returns:
     The prepared builder (``array_record`` format, random access via ``as_data_source``).
   """
-  with _no_stray_tempdirs():
+  with tfds_tempdirs_removed():
     builder = SpadeStdlibDocs(data_dir=data_dir, config=config_name(),
                               file_format="array_record")
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
         try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP))
   return builder
-
-
-@contextlib.contextmanager
-def _no_stray_tempdirs():
-  """Removes the empty `<tmp>/tmp*tfds` folders that appear meanwhile.
-
-  A tfds builder made before its data is prepared asks GCS for metadata into a fresh
-  `tempfile.mkdtemp("tfds")` and leaves it behind, empty, when there is none (every new
-  run's workdir did). Only empty folders that were not there before are removed, so
-  another process's folder in use is never touched.
-  """
-  pattern = os.path.join(tempfile.gettempdir(), "tmp*tfds")
-  before = set(glob.glob(pattern))
-  try:
-    yield
-  finally:
-    for path in set(glob.glob(pattern)) - before:
-      with contextlib.suppress(OSError):  # not empty, or gone already
-        os.rmdir(path)

@@ -17,14 +17,12 @@ lazily; streaming sources load at most ``max_documents`` documents into memory.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import glob
 import hashlib
 import json
 import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -284,8 +282,9 @@ class Corpus:
 
   def _open_tfds(self) -> _Source:
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    from spade_jax.designer import stdlib_docs  # pylint: disable=g-import-not-at-top
     c = self.config
-    with tfds_tempdirs_removed():
+    with stdlib_docs.tfds_tempdirs_removed():
       builder = tfds.builder(c.name, data_dir=self._data_dir, try_gcs=False)
       if not builder.is_prepared():
         if not c.download:
@@ -429,22 +428,3 @@ class Corpus:
     self._seed = int(state["seed"])
     self._epoch = int(state["epoch"])
     self._position = int(state["position"])
-
-
-@contextlib.contextmanager
-def tfds_tempdirs_removed():
-  """Removes the empty `<tmp>/tmp*tfds` folders that appear meanwhile.
-
-  A tfds builder whose info it cannot read from its data directory asks GCS for metadata
-  into a fresh `tempfile.mkdtemp("tfds")` and leaves it behind, empty, when there is none
-  (each new run's embedded corpus and each `tfds` source opened did). Only empty folders
-  that were not there before are removed, so another process's folder is never touched.
-  """
-  pattern = os.path.join(tempfile.gettempdir(), "tmp*tfds")
-  before = set(glob.glob(pattern))
-  try:
-    yield
-  finally:
-    for path in set(glob.glob(pattern)) - before:
-      with contextlib.suppress(OSError):  # not empty, or gone already
-        os.rmdir(path)

@@ -17,15 +17,16 @@ of ``spade_jax.designer`` imports it lazily.
 from __future__ import annotations
 
 import ast
+import contextlib
+import glob
 import os
 import sys
 import sysconfig
+import tempfile
 from collections.abc import Iterator
 
 from etils import epath
 import tensorflow_datasets as tfds
-
-from spade_jax.designer.corpus import tfds_tempdirs_removed
 
 # Stdlib folders that hold tests, demos, GUI code or vendored tools rather than prose.
 _SKIP_DIRS = frozenset({
@@ -163,3 +164,22 @@ def build(data_dir: str) -> SpadeStdlibDocs:
     builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
         try_download_gcs=False, compute_stats=tfds.download.ComputeStatsMode.SKIP))
   return builder
+
+
+@contextlib.contextmanager
+def tfds_tempdirs_removed():
+  """Removes the empty `<tmp>/tmp*tfds` folders that appear meanwhile.
+
+  A tfds builder whose info it cannot read from its data directory asks GCS for metadata
+  into a fresh `tempfile.mkdtemp("tfds")` and leaves it behind, empty, when there is none
+  (each new run's embedded corpus and each `tfds` source opened did). Only empty folders
+  that were not there before are removed, so another process's folder is never touched.
+  """
+  pattern = os.path.join(tempfile.gettempdir(), "tmp*tfds")
+  before = set(glob.glob(pattern))
+  try:
+    yield
+  finally:
+    for path in set(glob.glob(pattern)) - before:
+      with contextlib.suppress(OSError):  # not empty, or gone already
+        os.rmdir(path)

@@ -43,7 +43,7 @@ from spade_jax.envs.families import FAMILIES, HELD_OUT, LEVEL_NAMES, NUM_LEVELS
 from spade_jax.eval.core import SuiteConfig, SuiteResult, mean, register
 from spade_jax.eval.policy import converse, sample_keys
 from spade_jax.sampling import Output, Turn
-from spade_jax.sandbox.worker.actions import last_boxed
+from spade_jax.sandbox.worker.actions import program_action
 
 SETTING = "games"
 HARD = LEVEL_NAMES.index("hard")  # seen families from this level up count as "harder"
@@ -369,12 +369,12 @@ def run_families(policy, chat, cfg: FamiliesConfig, *, pool=None, progress=None
 
 def repeated_answers(actions: Sequence[str]) -> tuple[int, int]:
   """(answers after the first that repeat an earlier answer of the same play, answers
-  after the first). An answer is a turn's last `\\boxed{}` (else its whole text), stripped.
+  after the first). An answer is what the env's `step` receives for the turn
+  (`program_action` in "boxed" mode: the last `\\boxed{}`, else the text, stripped).
   """
   seen, repeated = set(), 0
   for action in actions:
-    boxed = last_boxed(action)
-    answer = (action if boxed is None else boxed).strip()
+    answer = program_action(action, "boxed")
     repeated += answer in seen
     seen.add(answer)
   return repeated, max(len(actions) - 1, 0)

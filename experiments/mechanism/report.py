@@ -264,9 +264,9 @@ def contrast_table(results: list[dict]) -> str:
   lines = ["| contrast | seeds | " + " | ".join(labels) + " |",
            "|---" * (len(keys) + 2) + "|"]
   rows = by_row(results)
-  arms = [x for x in rows if parent(x, rows) is None and " [" not in x]
-  pairs = list(itertools.combinations(arms, 2))
-  pairs += [(parent(x, rows), x) for x in rows if parent(x, rows) is not None]
+  ups = {x: parent(x, rows) for x in rows}
+  pairs = list(itertools.combinations([x for x in rows if " [" not in x], 2))
+  pairs += [(up, x) for x, up in ups.items() if up is not None]
   for a, b in pairs:
     cells = [_fmt(*contrast(gains[a][k], gains[b][k])[:2], sign="+") for k in keys]
     sa, sb = ({r["seed"] for r in rows[x]} for x in (a, b))

@@ -92,6 +92,28 @@ def test_the_static_pool_can_stop_at_a_level():
     run.run("static", 0, tag="Easy-1")
 
 
+def test_the_static_pool_can_allow_no_wrong_answers():
+  with open(configs.static_pool_path("library", max_level=1)) as f:
+    own = [json.loads(line) for line in f]
+  with open(configs.static_pool_path("library", max_level=1, slack=0)) as f:
+    none = [json.loads(line) for line in f]
+  assert [r["id"] for r in none] == [r["id"] for r in own]
+  for r, o in zip(none, own):
+    name, level = r["id"].split(":")
+    assert "\nSLACK = 0  #" in r["program"]
+    assert f"\nSLACK = {FAMILIES[name].levels(int(level))['SLACK']}  #" in o["program"]
+    turns = FAMILIES[name].max_turns(**{**FAMILIES[name].levels(int(level)), "SLACK": 0})
+    assert f"\nTURNS = {turns}  #" in r["program"]
+  cfg = configs.get_config("arm=static,pool_max_level=1,pool_slack=0")
+  assert cfg.static_pool.path == configs.static_pool_path("library", 1, 0)
+  assert cfg.static_pool.path != configs.get_config("arm=static,pool_max_level=1"
+                                                    ).static_pool.path
+  with pytest.raises(ValueError, match="pool_slack=-2"):
+    configs.static_pool_path("library", slack=-2)
+  with pytest.raises(ValueError, match="SLACK=7"):
+    configs.static_pool_path("library", slack=7)
+
+
 def test_library_programs_are_the_default_and_run_where_the_arms_run():
   for arm in ("warm_start",) + common.ARMS:
     c = configs.get_config(f"arm={arm}")

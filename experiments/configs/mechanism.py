@@ -24,6 +24,11 @@ Arguments (`get_config("arm=spade,seed=0[,iterations=..,eval_every=..,smoke]")`)
   pool_max_level: the `static` arm's pool holds the seen families at levels 0 to this
     (default all five; `pool_max_level=1` is the pool the agent can win, with `run.py
     --tag` so it runs beside the arm's own runs).
+  pool_slack: the `static` pool's `SLACK` knob (the wrong answers a game allows) at this
+    value in every program instead of each level's own (default -1: the level's). A named
+    change for the learner: at `pool_slack=0` a game is won only by answering right the
+    first time, so naming answers until one is accepted cannot win it (the evaluation
+    keeps each level's own games).
   aggregation: the arms' `loss.aggregation` (default "token_mean", the library's; losing
     plays tend to hold more agent tokens than winning ones, so a token mean pushes the
     sampled tokens down on net; "seq_mean_token_mean" weighs every play alike).
@@ -57,7 +62,8 @@ from spade_jax.rl.loss import AGGREGATIONS
 ARGS = dict(arm="spade", seed=0, iterations=20, eval_every=10, envs=4, plays=4, hinted=2,
             lr=1e-5, eval_seeds=2, eval_samples=2, warm_start="", programs="library",
             steps=32, designer_rows=160, agent_rows=480, sft_lr=1e-4, train_slips=False,
-            shared_start=True, pool_max_level=NUM_LEVELS - 1, aggregation="token_mean",
+            shared_start=True, pool_max_level=NUM_LEVELS - 1, pool_slack=-1,
+            aggregation="token_mean",
             shuffle=False, smoke=False)
 ROLES = ("warm_start",) + mech.ARMS
 
@@ -78,17 +84,30 @@ def starting_items() -> str:
                   [f"{mech.HELD_OUT}:{lv}" for lv in mech.HELD_OUT_LEVELS])
 
 
-def static_pool_path(programs: str = "library", max_level: int = NUM_LEVELS - 1) -> str:
+def static_pool_path(programs: str = "library", max_level: int = NUM_LEVELS - 1,
+                     slack: int = -1) -> str:
   """The static arm's pool (JSONL in the cache): every seen family at every level up to
   ``max_level`` (all of them by default), as the designers write programs (``programs``,
-  see `experiments/mechanism/data.render`)."""
+  see `experiments/mechanism/data.render`); ``slack`` >= 0 sets every program's `SLACK`
+  knob (-1 keeps each level's)."""
   if not 0 <= max_level < NUM_LEVELS:
     raise ValueError(f"pool_max_level={max_level}; expected a level in 0..{NUM_LEVELS - 1}.")
-  rows = [{"id": f"{n}:{lv}", "program": data.render(programs, FAMILIES[n],
-                                                      FAMILIES[n].levels(lv))}
+  if slack < -1:
+    raise ValueError(f"pool_slack={slack}; expected -1 (each level's own) or a number of "
+                     "wrong answers >= 0.")
+
+  def knobs(name: str, level: int) -> dict[str, int]:
+    values = FAMILIES[name].levels(level)
+    if slack >= 0:
+      values["SLACK"] = slack
+    FAMILIES[name].resolve(**values)  # a value outside the knob's range says so here
+    return values
+
+  rows = [{"id": f"{n}:{lv}", "program": data.render(programs, FAMILIES[n], knobs(n, lv))}
           for n in mech.seen() for lv in range(max_level + 1)]
-  name = f"static_pool_{programs}" + ("" if max_level == NUM_LEVELS - 1 else
-                                      f"_to{max_level}")
+  name = (f"static_pool_{programs}" + ("" if max_level == NUM_LEVELS - 1 else
+                                       f"_to{max_level}") +
+          ("" if slack < 0 else f"_slack{slack}"))
   return common.write_once(os.path.join(mech.cache_dir(), f"{name}.jsonl"),
                            "".join(json.dumps(r) + "\n" for r in rows))
 
@@ -159,7 +178,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
       max_len=2048, concurrency=32))
   if a.arm == "static":
     c.selfplay.env_source = "static_pool"
-    c.static_pool.path = static_pool_path(a.programs, a.pool_max_level)
+    c.static_pool.path = static_pool_path(a.programs, a.pool_max_level, a.pool_slack)
   elif a.arm == "solve_rate":
     c.rewards.variant = "solve_rate"
   elif a.arm == "frozen_designer":

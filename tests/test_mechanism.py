@@ -307,7 +307,19 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
                     "<!-- report:contrasts -->\n<!-- /report:contrasts -->\n"
                     "<!-- report:designers -->\n<!-- /report:designers -->\n"
                     "<!-- report:learner -->\n<!-- /report:learner -->\nend\n")
-  out = report.report(str(tmp_path), str(readme))
+  variants = tmp_path / "LEARNER.md"
+  variants.write_text("".join(f"<!-- report:{n} -->\n<!-- /report:{n} -->\n"
+                              for n in ("table", "contrasts", "designers", "learner")))
+  out = report.report(str(tmp_path), str(readme), str(variants))
+  # The README holds the arms' own runs; the variants document the variants and the runs
+  # of the arm they vary (not the other arms'), compared with their parents only.
+  var = out["variants"]
+  assert "[easy" not in readme.read_text() and "[easy" not in out["contrasts"]
+  assert "| static | 3 |" in var["table"] and "| spade |" not in var["table"]
+  assert "| static [easy] | 1 |" in var["table"] and var["table"] in variants.read_text()
+  assert var["learner"] in variants.read_text() and "| spade" not in variants.read_text()
+  assert "| static [easy] - static [easy_lr_shuffled] |" in var["contrasts"]
+  assert "| spade - static |" not in var["contrasts"]
   # Pooled over 3 runs: 15 written, 12 valid (9 ordering at 0.5 unhinted, 3 grid_path at 0).
   # 2 of each run's 5 scored designer samples had a nonzero centred reward.
   assert "| spade | 3 | 15 | 12 | ordering 75%, grid_path 25% | 0.375 | 0.750 | 6 of 15 |" \
@@ -317,13 +329,13 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
   assert "| spade | 3 | 6 | 3 of 6 | -0.100 ± 0.000 | 500 |" in out["learner"]
   assert out["learner"] in readme.read_text()
   assert "| spade | 3 |" in out["table"] and "| static | 3 |" in out["table"]
-  assert out["table"].index("| static | 3 |") < out["table"].index("| static [easy] | 1 |")
+  assert var["table"].index("| static | 3 |") < var["table"].index("| static [easy] | 1 |")
   # A variant is compared with its parent only: the arm, or the variant it extends.
-  assert "| static - static [easy] |" in out["contrasts"]
-  assert "| static [easy] - static [easy_lr_shuffled] |" in out["contrasts"]
-  assert "| static - static [easy_lr_shuffled] |" not in out["contrasts"]
-  assert "| spade - static [easy" not in out["contrasts"]
-  assert len(out["contrasts"].splitlines()) == 2 + 3
+  assert "| static - static [easy] |" in var["contrasts"]
+  assert "| static [easy] - static [easy_lr_shuffled] |" in var["contrasts"]
+  assert "| static - static [easy_lr_shuffled] |" not in var["contrasts"]
+  assert len(out["contrasts"].splitlines()) == 2 + 1
+  assert len(var["contrasts"].splitlines()) == 2 + 2
   labels = ["spade", "static", "static [a]", "static [a_b]", "static [a_b_c]", "spade [x_y]"]
   assert [report.parent(x, labels) for x in labels] == \
       [None, None, "static", "static [a]", "static [a_b]", "spade"]
@@ -334,7 +346,7 @@ def test_report_recomputes_tables_plots_and_the_readme(tmp_path):
   assert row.startswith("| spade - static | 3 paired |")
   assert row.count("+0.200 ± 0.000") == len(report.SCORES) + 1
   # Unpaired (pooled variance) where the seeds differ: one easy run against three.
-  [row] = [r for r in out["contrasts"].splitlines() if r.startswith("| static - static [")]
+  [row] = [r for r in var["contrasts"].splitlines() if r.startswith("| static - static [")]
   assert row.startswith("| static - static [easy] | 3 vs 1 | -0.300 |")
   # Lists are unpaired: both variances 1, so a half-width of t(4) * sqrt(1/3 + 1/3); the
   # same values as seed dicts are paired: every difference is 1, no spread.

@@ -12,6 +12,7 @@ from spade_jax.envs.families import FAMILIES, HELD_OUT, by_skill, seen_families
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 README = os.path.join(HERE, "README.md")
+LEARNER = os.path.join(HERE, "LEARNER.md")  # the learner investigation: the tagged variants
 
 BASE = "gguf:smollm2_135m_instruct"  # the pretrained model every arm starts from, via SFT
 ARMS = ("spade", "static", "solve_rate", "frozen_designer")
@@ -95,6 +96,6 @@ def family_of(source: str) -> tuple[str | None, float | None]:
 
 __all__ = ["AGENT_TURN_TOKENS", "ARMS", "BASE", "DESIGNER_KNOB_LEVELS", "DESIGNER_LEVEL",
            "DESIGNER_NEW_TOKENS", "DESIGNER_PROMPT_TOKENS", "HARDER_LEVEL", "HELD_OUT",
-           "HELD_OUT_LEVELS", "MAX_TURNS", "README",
+           "HELD_OUT_LEVELS", "LEARNER", "MAX_TURNS", "README",
            "RESULTS", "SEEDS", "SETTING", "cache_dir", "family_of", "runs_dir", "seen",
            "skills", "warm_start_dir", "weights_digest"]

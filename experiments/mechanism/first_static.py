@@ -2,8 +2,8 @@ r"""The first experiment's `static` arm again, on today's learner and its own wa
 
   python -m experiments.mechanism.first_static [--seeds=0,1,2] [--iterations=30]
       [--set=loss.aggregation=seq_mean_token_mean]   # a variant, its runs named apart
-  python -m experiments.mechanism.first_static --table  # the README's table from results/
-                                                        # (also written into the README)
+  python -m experiments.mechanism.first_static --table  # its table from results/
+                                                        # (also written into LEARNER.md)
 
 The first experiment (`results/first/`) trained a 10.6M model from scratch; its `static`
 arm ended below its warm start even on the levels it trained on (levels 1-2 of its ten
@@ -212,7 +212,7 @@ ENUMERATED = ("ordering", "pet_owners", "code_breaker", "number_sequence")
 
 
 def table(results_dir: str = os.path.dirname(RECORD)) -> str:
-  """The README's table, from every ``static_rerun*.json`` there."""
+  """The reruns' table (`LEARNER.md`), from every ``static_rerun*.json`` there."""
   lines = ["| runs | seeds | levels 1-2 greedy success: start -> end (per seed) | gain (95% t) "
            "| repeated answers in " + ", ".join(f"`{f}`" for f in ENUMERATED) + ": start -> end |",
            "|---|---|---|---|---|"]
@@ -240,8 +240,8 @@ def main(argv):
     run([int(s) for s in _SEEDS.value], _ITERATIONS.value, _SET.value)
   text = table()
   print(text)
-  if report.fill(common.README, "first_static", text + "\n"):
-    print(f"filled {common.README}", flush=True)
+  if report.fill(common.LEARNER, "first_static", text + "\n"):
+    print(f"filled {common.LEARNER}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 r"""Tabulates the mechanism experiment from its results files, and fills the README.
 
   python -m experiments.mechanism.report [--results=DIR] [--readme=PATH|--readme=]
+      [--variants=PATH|--variants=]
 
 Reads every `results/<arm>-<seed>.json` (`run.py` writes them from the run directories),
 and recomputes:
@@ -21,7 +22,9 @@ and recomputes:
   evaluation.
 
 The README's text between `<!-- report:NAME -->` and `<!-- /report:NAME -->` is replaced
-by the tables (NAME: `table`, `contrasts`, `designers`, `learner`).
+by the tables (NAME: `table`, `contrasts`, `designers`, `learner`) of the arms' own runs;
+the variants document's (`LEARNER.md`, the learner investigation) by the same tables of
+the tagged variants and the arm runs they extend. The plots are the arms'.
 """
 
 from __future__ import annotations
@@ -249,9 +252,10 @@ def parent(label: str, labels) -> str | None:
   return arm if arm in labels else None
 
 
-def contrast_table(results: list[dict]) -> str:
-  """Every pair of arms, and each variant with its `parent`: the difference of their mean
-  gains, 95% t interval, paired by seed where both ran the same seeds (`contrast`)."""
+def contrast_table(results: list[dict], arm_pairs: bool = True) -> str:
+  """Every pair of arms (unless not ``arm_pairs``), and each variant with its `parent`:
+  the difference of their mean gains, 95% t interval, paired by seed where both ran the
+  same seeds (`contrast`)."""
   gains = collections.defaultdict(lambda: collections.defaultdict(dict))
   for r in results:
     for k, (_, gain) in end_and_gain(r).items():
@@ -265,7 +269,8 @@ def contrast_table(results: list[dict]) -> str:
            "|---" * (len(keys) + 2) + "|"]
   rows = by_row(results)
   ups = {x: parent(x, rows) for x in rows}
-  pairs = list(itertools.combinations([x for x in rows if " [" not in x], 2))
+  pairs = list(itertools.combinations([x for x in rows if " [" not in x], 2)) if arm_pairs \
+      else []
   pairs += [(up, x) for x, up in ups.items() if up is not None]
   for a, b in pairs:
     cells = [_fmt(*contrast(gains[a][k], gains[b][k])[:2], sign="+") for k in keys]
@@ -369,37 +374,53 @@ def fill(readme: str, name: str, text: str) -> bool:
   return True
 
 
-def report(results_dir: str, readme: str = "") -> dict:
-  """Tables and plots of ``results_dir``; fills ``readme`` when given."""
+def variant_rows(results: list[dict]) -> list[dict]:
+  """The tagged variants and the untagged runs of the arms they vary, in ``results``' order
+  (what the variants document tabulates)."""
+  varied = {r["arm"] for r in results if r.get("tag")}
+  return [r for r in results if r["arm"] in varied]
+
+
+def report(results_dir: str, readme: str = "", variants: str = "") -> dict:
+  """Tables and plots of ``results_dir``: the arms' (untagged runs) in ``readme``, the
+  variants' (`variant_rows`) in ``variants``, each filled when given."""
   results = load(results_dir)
   if not results:
     raise FileNotFoundError(f"No <arm>-<seed>.json results in {results_dir}; run "
                             "`python -m experiments.mechanism.run` first.")
-  out = {"table": arm_table(results), "contrasts": contrast_table(results),
-         "designers": designer_table(results), "learner": learner_table(results),
-         "plots": plots(results, results_dir)}
-  if readme:
-    for name in ("table", "contrasts", "designers", "learner"):
-      fill(readme, name, out[name])
+  arms = [r for r in results if not r.get("tag")]
+  var = variant_rows(results)
+  out = {"table": arm_table(arms), "contrasts": contrast_table(arms),
+         "designers": designer_table(arms), "learner": learner_table(arms),
+         "plots": plots(arms, results_dir),
+         "variants": {"table": arm_table(var), "contrasts": contrast_table(var, False),
+                      "learner": learner_table(var)}}
+  for path, tables in ((readme, out), (variants, out["variants"])):
+    if path:
+      for name in ("table", "contrasts", "designers", "learner"):
+        if name in tables:
+          fill(path, name, tables[name])
   return out
 
 
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  out = report(_RESULTS.value, _README.value)
-  print(out["table"])
-  print(out["contrasts"])
-  print(out["designers"])
-  print(out["learner"])
+  out = report(_RESULTS.value, _README.value, _VARIANTS.value)
+  for name in ("table", "contrasts", "designers", "learner"):
+    print(out[name])
+  for name in ("table", "contrasts", "learner"):
+    print(out["variants"][name])
   print("plots:", *out["plots"])
 
 
 def _define_flags() -> None:
   """The command line's flags (defined only when run as a program)."""
-  global _RESULTS, _README
+  global _RESULTS, _README, _VARIANTS
   _RESULTS = flags.DEFINE_string("results", common.RESULTS, "Results directory.")
   _README = flags.DEFINE_string("readme", common.README, "README to fill ('' for none).")
+  _VARIANTS = flags.DEFINE_string("variants", common.LEARNER, "The variants' document to "
+                                  "fill ('' for none).")
 
 
 if __name__ == "__main__":

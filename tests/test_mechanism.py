@@ -233,6 +233,25 @@ def test_warm_start_builds_resumes_and_refuses_another_config(built, tmp_path):
   assert fresh["sha256"] == second["sha256"]
   with pytest.raises(ValueError, match="different config"):
     warm_start.build("sft_lr=0.001", smoke=True)
+  # A rebuild that makes the weights a results record holds reads its levels back; other
+  # weights are measured.
+  res = tmp_path / "results"
+  res.mkdir()
+  kept = {"agent": {"kept": 1.0}, "designer": {"kept": 1.0}}
+  (res / "warm_start.json").write_text(json.dumps({**fresh, "levels": kept}))
+  os.remove(tmp_path / "fresh" / "warm_start.json")
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(warm_start, "levels", lambda *a, **k: pytest.fail("measured again"))
+    again = warm_start.build("", out=str(tmp_path / "fresh"), smoke=True, results=str(res))
+  assert again["levels"] == kept and again["sha256"] == fresh["sha256"]
+  (res / "warm_start.json").write_text(json.dumps({**fresh, "sha256": "0" * 64,
+                                                    "levels": kept}))
+  os.remove(tmp_path / "fresh" / "warm_start.json")
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(warm_start, "levels", lambda *a, **k: {"agent": {}, "designer": {}})
+    measured = warm_start.build("", out=str(tmp_path / "fresh"), smoke=True,
+                                results=str(res))
+  assert measured["levels"] == {"agent": {}, "designer": {}}
   # How the finished build is measured is not what it is: other items read it back.
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(configs, "starting_items", lambda: "ordering:1")

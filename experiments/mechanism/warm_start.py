@@ -241,10 +241,17 @@ def build(arg: str = "", out: str = "", smoke: bool = False, seeds: int = 0,
   writer.close()
   ckpt.close()
   hf = export(state.params, run, out)
+  if results is None and not smoke:
+    results = common.RESULTS
   measured = None
   if measure:
-    measured = levels(state.params, run, sft, seeds=seeds or sft["agent_eval_seeds"],
-                      designs=sft["designer_eval"] if designs < 0 else designs)
+    default = not seeds and designs < 0  # measured as the config says
+    measured = measured_before(os.path.join(results, "warm_start.json"),
+                               common.weights_digest(hf), config) if results and default \
+        else None
+    if measured is None:
+      measured = levels(state.params, run, sft, seeds=seeds or sft["agent_eval_seeds"],
+                        designs=sft["designer_eval"] if designs < 0 else designs)
   losses = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
   record = {"sha256": common.weights_digest(hf), "hf": hf, "base": c.init_from,
             "steps": c.iterations, "rows": {"total": len(train_rows), **dict(
@@ -253,13 +260,36 @@ def build(arg: str = "", out: str = "", smoke: bool = False, seeds: int = 0,
             "loss_first": losses[0]["loss"], "loss_last": losses[-1]["loss"],
             "levels": measured, "config": json.loads(config.to_json())}
   _write(record_path, record)
-  if results is None and not smoke:
-    results = common.RESULTS
   if results:
     _write(os.path.join(results, "warm_start.json"), record)
   _log(f"warm start {record['sha256'][:12]} in {hf}: "
        f"{measured['agent'] if measured else 'not measured'}")
   return record
+
+
+def measured_by(config: dict) -> dict:
+  """The parts of a warm start's config (as JSON) that its starting levels depend on,
+  beside its weights: `levels`' suite, sampling, designer prompt and validation."""
+  sp = config.get("selfplay", {})
+  return {"sft": {k: v for k, v in config.get("sft", {}).items() if k.startswith(MEASURE)},
+          **{k: config.get(k) for k in ("eval", "sampling", "designer_sampling",
+                                        "validation")},
+          **{k: sp.get(k) for k in ("designer_prompt_tokens", "designer_new_tokens")}}
+
+
+def measured_before(path: str, digest: str, config) -> dict | None:
+  """The starting levels a results record at ``path`` holds for these weights (``digest``),
+  measured as ``config`` measures (`measured_by`), else None: a rebuild on another machine
+  that makes the same weights reads them back instead of measuring again (~13 min here)."""
+  if not path or not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    record = json.load(f)
+  if (record.get("sha256") != digest or record.get("levels") is None or
+      measured_by(record.get("config", {})) != measured_by(json.loads(config.to_json()))):
+    return None
+  _log(f"starting levels of {digest[:12]} read back from {path}")
+  return record["levels"]
 
 
 def base_levels(arg: str = "", seeds: int = 1, designs: int = 2, samples: int = 1,

@@ -5,7 +5,9 @@ import os
 import pathlib
 import random
 
+import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from experiments.configs import mechanism as configs
 from experiments.mechanism import common, data, report, run, warm_start
@@ -244,8 +246,16 @@ def test_warm_start_builds_resumes_and_refuses_another_config(built, tmp_path):
     mp.setattr(warm_start, "levels", lambda *a, **k: pytest.fail("measured again"))
     again = warm_start.build("", out=str(tmp_path / "fresh"), smoke=True, results=str(res))
   assert again["levels"] == kept and again["sha256"] == fresh["sha256"]
+  # Other bits of the same model (a rebuild on another CPU): read back too.
   (res / "warm_start.json").write_text(json.dumps({**fresh, "sha256": "0" * 64,
                                                     "levels": kept}))
+  os.remove(tmp_path / "fresh" / "warm_start.json")
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(warm_start, "levels", lambda *a, **k: pytest.fail("measured again"))
+    assert warm_start.build("", out=str(tmp_path / "fresh"), smoke=True,
+                            results=str(res))["levels"] == kept
+  (res / "warm_start.json").write_text(json.dumps({**fresh, "sha256": "0" * 64,
+                                                    "fingerprint": None, "levels": kept}))
   os.remove(tmp_path / "fresh" / "warm_start.json")
   with pytest.MonkeyPatch.context() as mp:
     mp.setattr(warm_start, "levels", lambda *a, **k: {"agent": {}, "designer": {}})
@@ -285,10 +295,47 @@ def test_an_arm_runs_one_iteration_and_refuses_other_weights(built, tmp_path):
                  results=str(tmp_path / "results")) == path
   assert pathlib.Path(path).stat().st_mtime_ns == before
   marker = tmp_path / "runs" / "spade-0" / "warm_start.json"
+  # A rebuild on another CPU (other bits, the same model by its fingerprint) goes on.
+  fp = json.loads(marker.read_text())["fingerprint"]
+  marker.write_text(json.dumps({"sha256": "0" * 64, "fingerprint": fp, "hf": "elsewhere"}))
+  assert run.run("spade", 0, smoke=True, root=str(tmp_path / "runs"),
+                 results=str(tmp_path / "results")) == path
+  moved = {k: [m, r, p + 1e-3] for k, (m, r, p) in fp.items()}
+  marker.write_text(json.dumps({"sha256": "0" * 64, "fingerprint": moved, "hf": "x"}))
+  with pytest.raises(ValueError, match="other weights"):
+    run.run("spade", 0, smoke=True, root=str(tmp_path / "runs"),
+            results=str(tmp_path / "results"))
   marker.write_text(json.dumps({"sha256": "0" * 64, "hf": "elsewhere"}))
   with pytest.raises(ValueError, match="other weights"):
     run.run("spade", 0, smoke=True, root=str(tmp_path / "runs"),
             results=str(tmp_path / "results"))
+
+
+def test_a_fingerprint_tells_rounding_from_training(tmp_path):
+  rng = np.random.default_rng(0)
+  w = {"a.weight": rng.normal(0, 0.05, (64, 32)).astype(np.float32),
+       "b.weight": (1 + rng.normal(0, 0.01, (32,))).astype(np.float32)}
+
+  def saved(name, tensors):
+    d = tmp_path / name
+    d.mkdir()
+    save_file(tensors, str(d / "model.safetensors"))
+    return str(d)
+
+  base = saved("base", w)
+  # Rounding: every element moved by ~1e-7 of itself (other bits, other SHA-256).
+  rounded = saved("rounded", {k: v * (1 + rng.normal(0, 1e-7, v.shape)).astype(np.float32)
+                              for k, v in w.items()})
+  # Training: an SFT-sized step, ~1e-4 absolute, on every element of one tensor.
+  stepped = saved("stepped", {**w, "a.weight": w["a.weight"] +
+                              rng.normal(0, 1e-4, (64, 32)).astype(np.float32)})
+  fp = {n: common.weights_fingerprint(d) for n, d in (("b", base), ("r", rounded),
+                                                       ("s", stepped))}
+  assert common.weights_digest(base) != common.weights_digest(rounded)
+  assert common.same_weights(fp["b"], fp["r"]) and common.same_weights(fp["b"], fp["b"])
+  assert not common.same_weights(fp["b"], fp["s"])
+  assert not common.same_weights(None, fp["b"]) and not common.same_weights(fp["b"], {})
+  assert common.weights_fingerprint(base) == fp["b"]  # a pure function of the weights
 
 
 def _result(arm, seed, start, end, band):

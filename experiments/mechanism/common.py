@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import re
+import zlib
+
+import numpy as np
 
 from experiments.configs import common as recipes
+from spade_jax.models.tensorfile import CheckpointReader
 from spade_jax.envs.families import FAMILIES, HELD_OUT, by_skill, seen_families
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -60,6 +65,36 @@ def runs_dir() -> str:
   return os.path.join(cache_dir(), "runs")
 
 
+# Two builds of the warm start from the same rows and keys on different CPUs round float32
+# reductions differently: their 32 SFT losses agreed to 1e-6 and their SHA-256s differed.
+# A fingerprint tells such builds (the same model) from different ones: per tensor its
+# mean and a fixed random-sign projection in units of its RMS, and its RMS, compared within
+# FINGERPRINT_TOL (rounding moves each by ~1e-6; one more SFT step at lr 1e-4 by ~1e-3).
+FINGERPRINT_TOL = 1e-4
+
+
+def weights_fingerprint(hf: str) -> dict[str, list[float]]:
+  """Per tensor of an HF checkpoint: [mean / rms, rms, sum(w * signs) / (rms * sqrt(n))],
+  ``signs`` a fixed pseudo-random +-1 vector seeded by the tensor's name."""
+  reader = CheckpointReader(hf)
+  out = {}
+  for name in sorted(reader.keys()):
+    w = np.asarray(reader.get(name), np.float64).ravel()
+    rms = float(np.sqrt(np.mean(w * w))) or 1.0
+    signs = np.random.default_rng(zlib.crc32(name.encode())).integers(0, 2, w.size) * 2 - 1
+    out[name] = [float(w.mean()) / rms, rms, float(w @ signs) / (rms * math.sqrt(w.size))]
+  return out
+
+
+def same_weights(a: dict | None, b: dict | None, tol: float = FINGERPRINT_TOL) -> bool:
+  """Whether two `weights_fingerprint`s are of the same model (False when either is
+  missing: a record from before fingerprints is matched by its SHA-256 alone)."""
+  if not a or not b or a.keys() != b.keys():
+    return False
+  return all(abs(a[k][0] - b[k][0]) <= tol and abs(a[k][2] - b[k][2]) <= tol and
+             abs(a[k][1] - b[k][1]) <= tol * max(a[k][1], b[k][1]) for k in a)
+
+
 def weights_digest(hf: str) -> str:
   """SHA-256 over an HF checkpoint's ``*.safetensors`` files (sorted by name)."""
   names = sorted(n for n in os.listdir(hf) if n.endswith(".safetensors"))
@@ -95,7 +130,8 @@ def family_of(source: str) -> tuple[str | None, float | None]:
 
 
 __all__ = ["AGENT_TURN_TOKENS", "ARMS", "BASE", "DESIGNER_KNOB_LEVELS", "DESIGNER_LEVEL",
-           "DESIGNER_NEW_TOKENS", "DESIGNER_PROMPT_TOKENS", "HARDER_LEVEL", "HELD_OUT",
-           "HELD_OUT_LEVELS", "LEARNER", "MAX_TURNS", "README",
+           "DESIGNER_NEW_TOKENS", "DESIGNER_PROMPT_TOKENS", "FINGERPRINT_TOL", "HARDER_LEVEL",
+           "HELD_OUT", "HELD_OUT_LEVELS", "LEARNER", "MAX_TURNS", "README",
            "RESULTS", "SEEDS", "SETTING", "cache_dir", "family_of", "runs_dir", "seen",
-           "skills", "warm_start_dir", "weights_digest"]
+           "same_weights", "skills", "warm_start_dir", "weights_digest",
+           "weights_fingerprint"]

@@ -7,7 +7,9 @@ Builds the warm start first when the cache lacks it (`warm_start.build`), then r
 arm x seed (seed by seed, so a partial queue still compares the arms) through the library's
 training loop in `$SPADE_JAX_CACHE/mechanism/runs/<arm>-<seed>`: a killed run resumes
 from its last checkpoint, a finished one with its results file is only read back. A run
-directory remembers the warm start's SHA-256 and refuses to go on from other weights. Each
+directory remembers the warm start's SHA-256 and fingerprint and refuses to go on from
+other weights (a rebuild on another CPU has other bits of the same model: its fingerprint
+matches, `common.same_weights`). Each
 run writes `results/<arm>-<seed>.json` (the warm start's digest, the evaluation curve, the
 designer and reward series); `python -m experiments.mechanism.report` tabulates them.
 
@@ -57,7 +59,7 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
                                                    "smoke" if smoke else "") if a))
   hf = config.model.init_from.removeprefix("hf:")
   digest = common.weights_digest(hf)
-  if digest != ws["sha256"]:
+  if not warm_start.same_build(ws, hf):
     raise ValueError(f"{hf} holds weights {digest[:12]}, not the warm start's "
                      f"{ws['sha256'][:12]}; rebuild the warm start.")
   name = f"{arm}-{seed}" + (f"-{tag}" if tag else "")
@@ -66,12 +68,14 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
   marker = os.path.join(workdir, "warm_start.json")
   if os.path.isfile(marker):
     with open(marker) as f:
-      began = json.load(f)["sha256"]
-    if began != digest:
-      raise ValueError(f"{workdir} began from warm start {began[:12]}, not {digest[:12]}; "
-                       "it cannot go on from other weights. Remove it or give another root.")
+      began = json.load(f)
+    if not warm_start.same_build(began, hf):
+      raise ValueError(f"{workdir} began from warm start {began['sha256'][:12]}, not "
+                       f"{digest[:12]}; it cannot go on from other weights. Remove it or "
+                       "give another root.")
   else:
-    _write(marker, {"sha256": digest, "hf": hf})
+    _write(marker, {"sha256": digest, "fingerprint": common.weights_fingerprint(hf),
+                    "hf": hf})
   path = os.path.join(results or (workdir if smoke else common.RESULTS), f"{name}.json")
   ckpt = Checkpointer(workdir)
   done = ckpt.latest_step() or 0
@@ -109,7 +113,7 @@ def start_eval(*, args: str = "", smoke: bool = False, results: str = "") -> dic
   if os.path.isfile(path):
     with open(path) as f:
       record = json.load(f)
-    if record["sha256"] == digest and record["eval"] == want:
+    if record["eval"] == want and warm_start.same_build(record, hf):
       return record
   built = builder.build_run(config)
   c = built.config
@@ -119,7 +123,8 @@ def start_eval(*, args: str = "", smoke: bool = False, results: str = "") -> dic
                                   models.ChatTemplate(built.vocab,
                                                       thinking=c.selfplay.agent_thinking),
                                   c.eval, pool)
-  record = {"sha256": digest, "hf": hf, "eval": want, "scores": scores,
+  record = {"sha256": digest, "fingerprint": common.weights_fingerprint(hf), "hf": hf,
+            "eval": want, "scores": scores,
             "seconds": round(time.perf_counter() - t0, 1)}
   _write(path, record)
   print(f"wrote {path} ({record['seconds']} s)", flush=True)

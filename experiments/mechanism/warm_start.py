@@ -246,14 +246,14 @@ def build(arg: str = "", out: str = "", smoke: bool = False, seeds: int = 0,
   measured = None
   if measure:
     default = not seeds and designs < 0  # measured as the config says
-    measured = measured_before(os.path.join(results, "warm_start.json"),
-                               common.weights_digest(hf), config) if results and default \
-        else None
+    measured = measured_before(os.path.join(results, "warm_start.json"), hf, config) \
+        if results and default else None
     if measured is None:
       measured = levels(state.params, run, sft, seeds=seeds or sft["agent_eval_seeds"],
                         designs=sft["designer_eval"] if designs < 0 else designs)
   losses = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-  record = {"sha256": common.weights_digest(hf), "hf": hf, "base": c.init_from,
+  record = {"sha256": common.weights_digest(hf),
+            "fingerprint": common.weights_fingerprint(hf), "hf": hf, "base": c.init_from,
             "steps": c.iterations, "rows": {"total": len(train_rows), **dict(
                 collections.Counter("designer" if r.role == data.DESIGNER else "agent"
                                     for r in train_rows))},
@@ -277,18 +277,26 @@ def measured_by(config: dict) -> dict:
           **{k: sp.get(k) for k in ("designer_prompt_tokens", "designer_new_tokens")}}
 
 
-def measured_before(path: str, digest: str, config) -> dict | None:
-  """The starting levels a results record at ``path`` holds for these weights (``digest``),
-  measured as ``config`` measures (`measured_by`), else None: a rebuild on another machine
-  that makes the same weights reads them back instead of measuring again (~13 min here)."""
+def same_build(record: dict, hf: str) -> bool:
+  """Whether a record (warm start, run marker, start evaluation) names the weights in
+  ``hf``: the same SHA-256, or the same model by `common.same_weights` (a rebuild on
+  another CPU rounds differently)."""
+  return (record.get("sha256") == common.weights_digest(hf) or
+          common.same_weights(record.get("fingerprint"), common.weights_fingerprint(hf)))
+
+
+def measured_before(path: str, hf: str, config) -> dict | None:
+  """The starting levels a results record at ``path`` holds for the weights in ``hf``
+  (`same_build`), measured as ``config`` measures (`measured_by`), else None: a rebuild on
+  another machine reads them back instead of measuring again (~13 min here)."""
   if not path or not os.path.isfile(path):
     return None
   with open(path) as f:
     record = json.load(f)
-  if (record.get("sha256") != digest or record.get("levels") is None or
+  if (record.get("levels") is None or not same_build(record, hf) or
       measured_by(record.get("config", {})) != measured_by(json.loads(config.to_json()))):
     return None
-  _log(f"starting levels of {digest[:12]} read back from {path}")
+  _log(f"starting levels of {hf} read back from {path}")
   return record["levels"]
 
 

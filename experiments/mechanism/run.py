@@ -59,7 +59,7 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
                                                    "smoke" if smoke else "") if a))
   hf = config.model.init_from.removeprefix("hf:")
   digest = common.weights_digest(hf)
-  if not warm_start.same_build(ws, hf):
+  if not warm_start.same_build(ws, hf, digest):
     raise ValueError(f"{hf} holds weights {digest[:12]}, not the warm start's "
                      f"{ws['sha256'][:12]}; rebuild the warm start.")
   name = f"{arm}-{seed}" + (f"-{tag}" if tag else "")
@@ -69,7 +69,7 @@ def run(arm: str, seed: int, *, args: str = "", smoke: bool = False, root: str =
   if os.path.isfile(marker):
     with open(marker) as f:
       began = json.load(f)
-    if not warm_start.same_build(began, hf):
+    if not warm_start.same_build(began, hf, digest):
       raise ValueError(f"{workdir} began from warm start {began['sha256'][:12]}, not "
                        f"{digest[:12]}; it cannot go on from other weights. Remove it or "
                        "give another root.")
@@ -113,7 +113,7 @@ def start_eval(*, args: str = "", smoke: bool = False, results: str = "") -> dic
   if os.path.isfile(path):
     with open(path) as f:
       record = json.load(f)
-    if record["eval"] == want and warm_start.same_build(record, hf):
+    if record["eval"] == want and warm_start.same_build(record, hf, digest):
       return record
   built = builder.build_run(config)
   c = built.config

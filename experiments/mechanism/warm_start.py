@@ -277,12 +277,14 @@ def measured_by(config: dict) -> dict:
           **{k: sp.get(k) for k in ("designer_prompt_tokens", "designer_new_tokens")}}
 
 
-def same_build(record: dict, hf: str) -> bool:
+def same_build(record: dict, hf: str, digest: str = "") -> bool:
   """Whether a record (warm start, run marker, start evaluation) names the weights in
-  ``hf``: the same SHA-256, or the same model by `common.same_weights` (a rebuild on
-  another CPU rounds differently)."""
-  return (record.get("sha256") == common.weights_digest(hf) or
-          common.same_weights(record.get("fingerprint"), common.weights_fingerprint(hf)))
+  ``hf`` (whose SHA-256 is ``digest`` when the caller has it): the same SHA-256, or the same
+  model by `common.same_weights` (a rebuild on another CPU rounds differently)."""
+  if record.get("sha256") == (digest or common.weights_digest(hf)):
+    return True
+  return bool(record.get("fingerprint")) and common.same_weights(
+      record["fingerprint"], common.weights_fingerprint(hf))
 
 
 def measured_before(path: str, hf: str, config) -> dict | None:
